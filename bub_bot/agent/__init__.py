@@ -1,0 +1,23 @@
+"""The agent: model client, tools, spill sidecar, and the turn loop."""
+
+from .builtin import default_registry, handoff_entries
+from .loop import AUTO_HANDOFF_ANCHOR, Agent, TurnResult
+from .model import ContextOverflow, ModelClient, ModelError, ModelReply, is_context_overflow
+from .tools import Tool, ToolContext, ToolError, ToolRegistry
+
+__all__ = [
+    "AUTO_HANDOFF_ANCHOR",
+    "Agent",
+    "ContextOverflow",
+    "ModelClient",
+    "ModelError",
+    "ModelReply",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "TurnResult",
+    "default_registry",
+    "handoff_entries",
+    "is_context_overflow",
+]

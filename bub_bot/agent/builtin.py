@@ -1,0 +1,163 @@
+"""Built-in tools: the tape (info, search, anchors, handoff), spill.read, and the workspace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from ..tape import AnchorNotFound, TapeEntry
+from . import spill
+from .tools import ToolContext, ToolError, ToolRegistry
+
+SEARCH_SNIPPET = 400
+FS_READ_LIMIT = 200_000
+
+
+def _brief(entry: TapeEntry) -> dict[str, Any]:
+    text = json.dumps(entry.payload, ensure_ascii=False)
+    if len(text) > SEARCH_SNIPPET:
+        text = text[:SEARCH_SNIPPET] + "…"
+    return {"id": entry.id, "kind": entry.kind, "date": entry.date, "payload": text}
+
+
+def handoff_entries(name: str, summary: str, owner: str) -> tuple[TapeEntry, list[TapeEntry]]:
+    """The anchor for a handoff with a summary, and the model input that follows it."""
+    anchor = TapeEntry.anchor(name, {"summary": summary, "owner": owner})
+    note = TapeEntry.message(
+        {"role": "user", "content": f"[Summary of the previous phase]\n{summary}"},
+        handoff_summary=True,
+    )
+    return anchor, [note]
+
+
+def _resolve(ctx: ToolContext, path: str) -> Path:
+    """A path inside the workspace; absolute paths, `..` and escaping symlinks are refused."""
+    if not path or path == ".":
+        return ctx.workspace.resolve()
+    raw = Path(path)
+    if raw.is_absolute():
+        raise ToolError(
+            f"absolute paths are not allowed: {path!r} (use a path relative to the workspace)"
+        )
+    if ".." in raw.parts:
+        raise ToolError(f"'..' is not allowed in paths: {path!r}")
+    root = ctx.workspace.resolve()
+    target = (root / raw).resolve()
+    if target != root and root not in target.parents:
+        raise ToolError(f"{path!r} leads outside the workspace (through a symlink)")
+    return target
+
+
+def register_builtins(registry: ToolRegistry) -> ToolRegistry:
+    """Add the built-in tools to `registry`."""
+
+    @registry.tool("tape.info")
+    async def tape_info(ctx: ToolContext) -> dict[str, Any]:
+        """Facts about this conversation's tape: entries, anchors, the last anchor, entries since it, last token usage."""
+        return asdict(await ctx.tape.info())
+
+    @registry.tool("tape.search")
+    async def tape_search(
+        ctx: ToolContext,
+        query: Annotated[str, Field(description="text to find (any language)")] = "",
+        kinds: Annotated[
+            list[str] | None, Field(description="entry kinds, e.g. ['message']")
+        ] = None,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        since: Annotated[str | None, Field(description="ISO date or time (UTC)")] = None,
+        until: Annotated[
+            str | None, Field(description="ISO date or time (UTC); a bare date includes that day")
+        ] = None,
+    ) -> list[dict[str, Any]]:
+        """Search the whole tape of this conversation (also before the last anchor), newest first."""
+        try:
+            found = await ctx.tape.query(
+                text=query or None,
+                kinds=kinds,
+                limit=limit,
+                since=since,
+                until=until,
+                newest_first=True,
+            )
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+        return [_brief(e) for e in found]
+
+    @registry.tool("tape.anchors")
+    async def tape_anchors(
+        ctx: ToolContext, limit: Annotated[int, Field(ge=1, le=100)] = 20
+    ) -> list[dict[str, Any]]:
+        """The most recent anchors (phase boundaries) of this conversation."""
+        return [
+            {"id": a.id, "name": a.payload["name"], "state": a.payload.get("state"), "date": a.date}
+            for a in await ctx.tape.anchors(limit)
+        ]
+
+    @registry.tool("tape.handoff")
+    async def tape_handoff(
+        ctx: ToolContext,
+        summary: Annotated[
+            str, Field(min_length=1, description="what the next phase needs to know")
+        ],
+        name: Annotated[str, Field(min_length=1, max_length=100)] = "handoff",
+    ) -> str:
+        """Start a new phase of this conversation: earlier messages leave your context and the summary is carried over."""
+        if ctx.handed_off:
+            raise ToolError("already handed off in this step")
+        anchor, after = handoff_entries(name, summary, "agent")
+        ctx.deferred.extend(
+            [
+                anchor,
+                TapeEntry.event("handoff", {"name": name, "state": anchor.payload["state"]}),
+                *after,
+            ]
+        )
+        ctx.handed_off = True
+        return f"handoff {name!r} recorded; the next step starts from the summary"
+
+    @registry.tool("spill.read", spillable=False)
+    async def spill_read(
+        ctx: ToolContext,
+        handle: str,
+        cursor: Annotated[int, Field(ge=0)] = 0,
+        count: Annotated[int, Field(ge=1, le=spill.MAX_CHUNKS_PER_READ)] = 1,
+        from_end: bool = False,
+    ) -> str:
+        """Read chunks of a spilled (oversized) tool output by handle. The first line is a JSON header with next_cursor and complete."""
+        return await spill.read(ctx.tape, handle, cursor, count, from_end)
+
+    @registry.tool("fs.list")
+    async def fs_list(ctx: ToolContext, path: str = ".") -> list[str]:
+        """List a directory of the workspace (directories end with /)."""
+        target = _resolve(ctx, path)
+        if not target.is_dir():
+            raise ToolError(f"not a directory: {path!r}")
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())[:1000]
+
+    @registry.tool("fs.read")
+    async def fs_read(
+        ctx: ToolContext,
+        path: str,
+        offset: Annotated[int, Field(ge=0, description="first character")] = 0,
+        limit: Annotated[int, Field(ge=1, le=FS_READ_LIMIT)] = 20_000,
+    ) -> str:
+        """Read a text file of the workspace, `limit` characters from `offset`."""
+        target = _resolve(ctx, path)
+        if not target.is_file():
+            raise ToolError(f"no such file: {path!r}")
+        text = target.read_text(encoding="utf-8", errors="replace")
+        return text[offset : offset + limit]
+
+    return registry
+
+
+def default_registry() -> ToolRegistry:
+    """A registry with the built-in tools."""
+    return register_builtins(ToolRegistry())
+
+
+__all__ = ["AnchorNotFound", "default_registry", "handoff_entries", "register_builtins"]

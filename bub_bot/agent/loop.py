@@ -1,0 +1,304 @@
+"""The turn loop: context from the tape -> model -> tools -> tape, until the model answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..tape import Tape, TapeEntry, default_selector, visible
+from ..tape.context import Selector
+from . import spill
+from .model import ContextOverflow, ModelClient, ModelError, ModelReply
+from .prompt import build_system_prompt
+from .tools import ToolContext, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+AUTO_HANDOFF_ANCHOR = "auto_handoff/context_overflow"
+EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
+
+
+@dataclass
+class TurnResult:
+    """How a turn ended and what to tell the user.
+
+    `status`: ok | error | max_steps | overflow. `reply_entry` is the tape entry whose text
+    is the reply (the final assistant message, or a `turn.notice` event), so delivery can be
+    resumed after a crash. `seen_through` is the newest entry id the model saw.
+    """
+
+    status: str
+    reply: str
+    reply_entry: int | None
+    seen_through: int
+    steps: int = 0
+    auto_handoff: bool = False
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class Agent:
+    """Runs turns for any tape with one model client and one tool registry."""
+
+    def __init__(self, settings: Settings, model: ModelClient, tools: ToolRegistry) -> None:
+        self.settings = settings
+        self.model = model
+        self.tools = tools
+        self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
+        """Observers of loop events (metrics): called with (event name, data)."""
+
+    def _notify(self, name: str, data: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            try:
+                hook(name, data)
+            except Exception:  # observers never break a turn
+                log.exception("agent hook failed on %s", name)
+
+    async def run_turn(
+        self,
+        tape: Tape,
+        new_messages: Sequence[dict[str, Any]] = (),
+        *,
+        workspace: Path | None = None,
+        selector: Selector = default_selector,
+        entry_filter: EntryFilter | None = None,
+        before_step: Callable[[int], Awaitable[None]] | None = None,
+        turn_id: str = "",
+        turn_start: int | None = None,
+    ) -> TurnResult:
+        """Run one turn on `tape`.
+
+        `new_messages` are appended first (the runtime appends inbound messages itself and
+        passes none). Every step reads its context fresh from the tape, so messages that
+        arrive during the turn reach the model at the next step. `entry_filter` narrows the
+        entries before the selector (the runtime holds back messages queued behind a
+        command); `before_step(step)` runs before each model call. `turn_start`: the entry id
+        after which this turn's user messages begin (default: the end of the tape).
+        """
+        workspace = workspace or self.settings.workspace
+        started_turn = time.perf_counter()
+        await tape.ensure_bootstrap_anchor()
+        if turn_start is None:
+            turn_start = (await tape.store.stats(tape.name)).entries
+        first = [TapeEntry.message(m) for m in new_messages]
+        first.append(TapeEntry.event("loop.start", {"turn": turn_id}, context=False))
+        await tape.append_many(first)
+
+        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings)
+        usage_total: dict[str, int] = {}
+        seen_through = 0
+        auto_handed_off = False
+        step = 0
+        while step < self.settings.max_steps:
+            step += 1
+            if before_step is not None:
+                await before_step(step)
+            step_started = time.perf_counter()
+            raw = await tape.query(after_last_anchor=True)
+            if raw:
+                seen_through = max(seen_through, raw[-1].id)
+            entries = visible(raw)
+            if entry_filter is not None:
+                entries = entry_filter(entries)
+            messages = [
+                {
+                    "role": "system",
+                    "content": build_system_prompt(
+                        self.settings.system_prompt, workspace, self.tools.visible()
+                    ),
+                },
+                *selector(entries),
+            ]
+            try:
+                reply = await self.model.complete(messages, self.tools.schemas())
+            except ContextOverflow as exc:
+                elapsed = _ms(step_started)
+                if auto_handed_off:
+                    return await self._end(
+                        tape,
+                        "overflow",
+                        exc.user_message,
+                        step,
+                        seen_through,
+                        usage_total,
+                        error=("context_overflow", str(exc)),
+                        auto_handoff=True,
+                    )
+                auto_handed_off = True
+                self._notify("auto_handoff", {"error": str(exc)})
+                log.warning("auto_handoff session=%s turn=%s: %s", tape.session_id, turn_id, exc)
+                await tape.append_many(
+                    [
+                        TapeEntry.anchor(
+                            AUTO_HANDOFF_ANCHOR,
+                            {"reason": "context_length_exceeded", "error": str(exc)},
+                        ),
+                        TapeEntry.event(
+                            "loop.step",
+                            {"step": step, "status": "auto_handoff", "elapsed_ms": elapsed},
+                            context=False,
+                        ),
+                        *await _turn_user_messages(tape, turn_start),
+                    ]
+                )
+                step -= 1  # the retry does not use up a step
+                continue
+            except ModelError as exc:
+                await tape.append(
+                    TapeEntry.event(
+                        "loop.step",
+                        {"step": step, "status": "error", "elapsed_ms": _ms(step_started)},
+                        context=False,
+                    )
+                )
+                return await self._end(
+                    tape,
+                    "error",
+                    exc.user_message,
+                    step,
+                    seen_through,
+                    usage_total,
+                    error=("model", str(exc)),
+                    auto_handoff=auto_handed_off,
+                )
+
+            for key, value in reply.usage.items():
+                if isinstance(value, int):
+                    usage_total[key] = usage_total.get(key, 0) + value
+            self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
+            run_event = TapeEntry.event(
+                "run",
+                {
+                    "model": reply.model,
+                    "usage": reply.usage,
+                    "latency_ms": round(reply.latency_ms, 1),
+                    "step": step,
+                    "turn": turn_id,
+                },
+                context=False,
+            )
+            if not reply.tool_calls:
+                final = TapeEntry.message(
+                    {"role": "assistant", "content": reply.content}, turn=turn_id
+                )
+                written = await tape.append_many(
+                    [
+                        final,
+                        run_event,
+                        TapeEntry.event(
+                            "loop.step",
+                            {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
+                            context=False,
+                        ),
+                    ]
+                )
+                self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
+                return TurnResult(
+                    "ok",
+                    reply.content,
+                    written[0].id,
+                    seen_through,
+                    step,
+                    auto_handed_off,
+                    usage_total,
+                )
+
+            step_entries = await self._run_tools(ctx, tape, reply)
+            step_entries.append(run_event)
+            step_entries.append(
+                TapeEntry.event(
+                    "loop.step",
+                    {"step": step, "status": "continue", "elapsed_ms": _ms(step_started)},
+                    context=False,
+                )
+            )
+            if ctx.deferred:
+                step_entries.extend(ctx.deferred)
+                step_entries.extend(await _turn_user_messages(tape, turn_start))
+                ctx.deferred = []
+                ctx.handed_off = False
+            await tape.append_many(step_entries)
+
+        note = (
+            f"I stopped after {self.settings.max_steps} steps without a final answer."
+            " Ask me to continue, or narrow the request."
+        )
+        return await self._end(
+            tape, "max_steps", note, step, seen_through, usage_total, auto_handoff=auto_handed_off
+        )
+
+    async def _run_tools(self, ctx: ToolContext, tape: Tape, reply: ModelReply) -> list[TapeEntry]:
+        """Run the step's tool calls concurrently; results keep their `tool_call_id`s."""
+
+        async def one(call: dict[str, Any]) -> dict[str, Any]:
+            name = call["function"]["name"]
+            tool = self.tools.get(name)
+            ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
+            self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
+            text = spill.render(result)
+            threshold = self.settings.spill_threshold * 4
+            if threshold and len(text) >= threshold and (tool is None or tool.spillable):
+                spilled = await spill.spill(tape, text, tool=name, call_id=call["id"])
+                self._notify("spill", {"tool": name, "ok": spilled.handle is not None})
+                return {
+                    "tool_call_id": call["id"],
+                    "content": spilled.text,
+                    "_event": spilled.event,
+                }
+            content: Any = result if ok else text
+            return {"tool_call_id": call["id"], "content": content, "ok": ok}
+
+        results = await asyncio.gather(*(one(c) for c in reply.tool_calls))
+        entries: list[TapeEntry] = []
+        if reply.content:
+            entries.append(TapeEntry.message({"role": "assistant", "content": reply.content}))
+        entries.append(TapeEntry.tool_call(reply.tool_calls))
+        events = [r.pop("_event") for r in results if "_event" in r]
+        entries.append(TapeEntry.tool_result(list(results)))
+        entries.extend(events)
+        return entries
+
+    async def _end(
+        self,
+        tape: Tape,
+        status: str,
+        message: str,
+        step: int,
+        seen_through: int,
+        usage: dict[str, int],
+        *,
+        error: tuple[str, str] | None = None,
+        auto_handoff: bool = False,
+    ) -> TurnResult:
+        """End a turn without a model answer: record why and the note the user gets."""
+        entries = []
+        if error is not None:
+            entries.append(TapeEntry.error(*error))
+        entries.append(
+            TapeEntry.event("turn.notice", {"status": status, "text": message}, context=False)
+        )
+        written = await tape.append_many(entries)
+        self._notify("turn", {"status": status})
+        return TurnResult(status, message, written[-1].id, seen_through, step, auto_handoff, usage)
+
+
+async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
+    """Copies of this turn's user messages, to re-append after a new anchor."""
+    found = await tape.query(after_id=turn_start, kinds=["message"], names=["user"])
+    copies = []
+    for entry in found:
+        if entry.meta.get("handoff_summary") or entry.meta.get("copy_of"):
+            continue
+        meta = {k: v for k, v in entry.meta.items() if k not in ("delivery_key",)}
+        meta["copy_of"] = entry.id
+        copies.append(TapeEntry.message(entry.payload, **meta))
+    return copies
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)

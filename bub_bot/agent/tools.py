@@ -1,0 +1,154 @@
+"""The tool registry: typed async functions exposed to the model with JSON-schema parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_type_hints
+
+import pydantic
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..tape import Tape, TapeEntry
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch: the session's tape, its workspace, and deferred tape writes."""
+
+    tape: Tape
+    workspace: Path
+    settings: Settings
+    deferred: list[TapeEntry] = field(default_factory=list)
+    """Entries written right after the current step (a handoff must follow the step's
+    tool call and result, not precede them)."""
+    handed_off: bool = False
+
+
+class ToolError(Exception):
+    """A tool's clear refusal; its message goes to the model as the result."""
+
+
+@dataclass
+class Tool:
+    """A callable the model may use."""
+
+    name: str
+    description: str
+    params: type[pydantic.BaseModel]
+    handler: Callable[..., Awaitable[Any]]
+    model_visible: bool = True
+    spillable: bool = True
+
+    @property
+    def exposed_name(self) -> str:
+        """The name the model sees: dots are not allowed in function names."""
+        return self.name.replace(".", "_")
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry."""
+        params = self.params.model_json_schema()
+        params.pop("title", None)
+        for prop in params.get("properties", {}).values():
+            prop.pop("title", None)
+        params.setdefault("properties", {})
+        return {
+            "type": "function",
+            "function": {
+                "name": self.exposed_name,
+                "description": self.description,
+                "parameters": params,
+            },
+        }
+
+
+def _params_model(fn: Callable[..., Any], name: str) -> type[pydantic.BaseModel]:
+    """A pydantic model of `fn`'s parameters after the leading context argument."""
+    hints = get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    for index, param in enumerate(inspect.signature(fn).parameters.values()):
+        if index == 0:
+            continue  # the ToolContext
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    model_name = "".join(part.title() for part in name.replace("_", ".").split(".")) + "Params"
+    return pydantic.create_model(
+        model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields
+    )
+
+
+class ToolRegistry:
+    """Tools by name; resolves the model's underscore names back to dotted ones."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def add(self, tool: Tool) -> Tool:
+        self._tools[tool.name] = tool
+        return tool
+
+    def tool(
+        self, name: str, *, model_visible: bool = True, spillable: bool = True
+    ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+        """Register `async def fn(ctx, **typed_params)`; its docstring is the description."""
+
+        def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            description = inspect.cleandoc(fn.__doc__ or name)
+            self.add(Tool(name, description, _params_model(fn, name), fn, model_visible, spillable))
+            return fn
+
+        return register
+
+    def get(self, name: str) -> Tool | None:
+        """Look up by dotted or exposed name."""
+        if name in self._tools:
+            return self._tools[name]
+        for tool in self._tools.values():
+            if tool.exposed_name == name:
+                return tool
+        return None
+
+    def visible(self) -> list[Tool]:
+        return [t for t in self._tools.values() if t.model_visible]
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.visible()]
+
+    async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
+        """Run one call; returns (ok, result). Failures become an error result, never raise."""
+        tool = self.get(name)
+        if tool is None or not tool.model_visible:
+            known = ", ".join(t.exposed_name for t in self.visible())
+            return False, f"error: unknown tool {name!r}. Available tools: {known}"
+        try:
+            raw = json.loads(arguments or "{}")
+            if not isinstance(raw, dict):
+                raise ValueError("arguments must be a JSON object")
+            params = tool.params.model_validate(raw)
+        except (ValueError, pydantic.ValidationError) as exc:
+            detail = _validation_text(exc)
+            return False, f"error: invalid arguments for {tool.exposed_name}: {detail}"
+        try:
+            return True, await tool.handler(ctx, **params.model_dump())
+        except ToolError as exc:
+            return False, f"error: {exc}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a tool bug must not end the turn
+            return False, f"error: {tool.exposed_name} failed: {type(exc).__name__}: {exc}"
+
+
+def _validation_text(exc: Exception) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "arguments"
+            parts.append(f"{where}: {err['msg']}")
+        return "; ".join(parts)
+    return str(exc)

@@ -1,0 +1,39 @@
+"""How tapes are named: per workspace and session, sidecars beside them, archives apart."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+SIDECAR_SEP = "__sidecar__"
+ARCHIVE_SEP = "__archive__"
+
+
+def _md5_16(text: str) -> str:
+    return hashlib.md5(text.encode("utf-8")).hexdigest()[:16]
+
+
+def tape_name(session_id: str, workspace: str | Path) -> str:
+    """The session tape's name: the same session id in another workspace is another tape."""
+    return f"{_md5_16(str(Path(workspace).resolve()))}__{_md5_16(session_id)}"
+
+
+def sidecar_name(tape: str, name: str) -> str:
+    """The sibling tape that holds `name` data (e.g. spilled tool output) for `tape`."""
+    return f"{tape}{SIDECAR_SEP}{name}"
+
+
+def archive_name(tape: str, when: datetime | None = None) -> str:
+    """A fresh archive name for `tape`; its sidecars keep their suffix after it."""
+    stamp = (when or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S%fZ")
+    return f"{tape}{ARCHIVE_SEP}{stamp}"
+
+
+def tape_role(name: str) -> str:
+    """'archive', 'sidecar' or 'live', read from the name alone."""
+    if ARCHIVE_SEP in name:
+        return "archive"
+    if SIDECAR_SEP in name:
+        return "sidecar"
+    return "live"

@@ -1,0 +1,156 @@
+"""`Tape`: one session's record, with the operations the agent and commands use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .context import Selector, default_selector, visible
+from .entries import TapeEntry
+from .names import sidecar_name, tape_name
+from .store import SQLiteTapeStore
+
+BOOTSTRAP_ANCHOR = "session/start"
+
+
+@dataclass(frozen=True, slots=True)
+class TapeInfo:
+    """What `/status` and `tape.info` report."""
+
+    name: str
+    entries: int
+    anchors: int
+    last_anchor: str | None
+    entries_since_anchor: int
+    last_usage: dict[str, Any] | None
+
+
+class Tape:
+    """A named tape in a store. Cheap to create; holds no entries in memory."""
+
+    def __init__(self, store: SQLiteTapeStore, name: str, session_id: str | None = None) -> None:
+        self.store = store
+        self.name = name
+        self.session_id = session_id
+
+    @classmethod
+    def for_session(cls, store: SQLiteTapeStore, session_id: str, workspace: str | Path) -> Tape:
+        """The tape of `session_id` in `workspace`."""
+        return cls(store, tape_name(session_id, workspace), session_id)
+
+    def sidecar(self, name: str) -> Tape:
+        """The sibling tape `name` (e.g. "spill") that follows this tape through resets."""
+        return Tape(self.store, sidecar_name(self.name, name), self.session_id)
+
+    # -- appends ------------------------------------------------------------------------------
+    async def append(self, entry: TapeEntry) -> TapeEntry:
+        """Append one entry."""
+        written = await self.append_many([entry])
+        return written[0]
+
+    async def append_many(self, entries: Sequence[TapeEntry]) -> list[TapeEntry]:
+        """Append entries in one transaction."""
+        written = await self.store.append_many(self.name, entries, session_id=self.session_id)
+        assert written is not None
+        return written
+
+    async def append_message(self, msg: dict[str, Any], **meta: Any) -> TapeEntry:
+        """Append a chat message."""
+        return await self.append(TapeEntry.message(msg, **meta))
+
+    async def append_event(
+        self, name: str, data: dict[str, Any] | None = None, **meta: Any
+    ) -> TapeEntry:
+        """Append an event."""
+        return await self.append(TapeEntry.event(name, data, **meta))
+
+    async def append_error(self, kind: str, message: str) -> TapeEntry:
+        """Append an error record."""
+        return await self.append(TapeEntry.error(kind, message))
+
+    # -- phases -------------------------------------------------------------------------------
+    async def handoff(
+        self,
+        name: str,
+        state: dict[str, Any] | None = None,
+        *,
+        then: Sequence[TapeEntry] = (),
+    ) -> TapeEntry:
+        """Start a new phase: the anchor plus a `handoff` event (and `then`), one transaction."""
+        entries = [
+            TapeEntry.anchor(name, state),
+            TapeEntry.event("handoff", {"name": name, "state": state or {}}),
+            *then,
+        ]
+        written = await self.append_many(entries)
+        return written[0]
+
+    async def ensure_bootstrap_anchor(self) -> TapeEntry | None:
+        """Write `session/start` if the tape has no anchor yet; returns it when written."""
+        written = await self.store.append_many(
+            self.name,
+            [TapeEntry.anchor(BOOTSTRAP_ANCHOR, {"owner": "human"})],
+            if_no_anchor=True,
+            session_id=self.session_id,
+        )
+        return written[0] if written else None
+
+    async def reset(self, archive: bool = True, *, carry: Sequence[TapeEntry] = ()) -> str | None:
+        """Archive (by default) and clear the tape and its sidecars, then write `session/start`.
+
+        One transaction. `carry` entries are re-written after the new anchor (inbound messages
+        that arrived after the command and must not vanish into the archive).
+        """
+
+        def first(archived: str | None) -> list[TapeEntry]:
+            state: dict[str, Any] = {"owner": "human"}
+            if archived:
+                state["archived"] = archived
+            carried = [TapeEntry(e.kind, e.payload, e.meta, e.date) for e in carry]
+            return [TapeEntry.anchor(BOOTSTRAP_ANCHOR, state), *carried]
+
+        return await self.store.reset(self.name, archive=archive, first=first)
+
+    # -- reads --------------------------------------------------------------------------------
+    async def query(self, **filters: Any) -> list[TapeEntry]:
+        """`SQLiteTapeStore.query` on this tape."""
+        return await self.store.query(self.name, **filters)
+
+    async def anchors(self, limit: int = 20) -> list[TapeEntry]:
+        """The newest anchors, oldest first."""
+        found = await self.store.query(self.name, kinds=["anchor"], limit=limit, newest_first=True)
+        return found[::-1]
+
+    async def info(self) -> TapeInfo:
+        """Counts from the tape's counters plus two indexed lookups; never a scan."""
+        stats = await self.store.stats(self.name)
+        last_anchor = None
+        if stats.last_anchor_id:
+            anchor = await self.store.get(self.name, stats.last_anchor_id)
+            last_anchor = anchor.payload.get("name") if anchor else None
+        runs = await self.store.query(
+            self.name, kinds=["event"], names=["run"], limit=1, newest_first=True
+        )
+        usage = runs[0].payload.get("data", {}).get("usage") if runs else None
+        return TapeInfo(
+            name=self.name,
+            entries=stats.entries,
+            anchors=stats.anchors,
+            last_anchor=last_anchor,
+            entries_since_anchor=stats.entries - stats.last_anchor_id,
+            last_usage=usage,
+        )
+
+    async def read_entries(self, **view: Any) -> list[TapeEntry]:
+        """The entries of a view (default: after the last anchor), `context=False` removed."""
+        if not view:
+            view = {"after_last_anchor": True}
+        return visible(await self.store.query(self.name, **view))
+
+    async def read_messages(
+        self, selector: Selector = default_selector, **view: Any
+    ) -> list[dict[str, Any]]:
+        """The model messages for a view (default: after the last anchor)."""
+        return selector(await self.read_entries(**view))

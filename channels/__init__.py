@@ -1,0 +1,1 @@
+"""Chat platforms, each behind the small contract in `channels.base`."""

@@ -1,0 +1,420 @@
+"""A fake OpenAI-compatible chat-completions server for tests (loopback only).
+
+Usage::
+
+    async with FakeOpenAI() as fake:
+        fake.script(text("hi"), tool_calls([("lookup", {"q": "x"})]), overflow_vllm())
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+        ...
+        assert fake.last_messages()[-1]["role"] == "user"
+
+Scripted replies are consumed FIFO; when the queue is empty ``fake.default(body)`` answers
+(built-in: ``echo: <last user message>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+_BODY = web.RequestKey("body", dict)
+
+
+@dataclass
+class Recorded:
+    """One request as the server saw it (header names lower-cased)."""
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+    path: str = COMPLETIONS_PATH
+
+
+@dataclass
+class TextReply:
+    """An assistant text answer."""
+
+    content: str
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
+class ToolCallsReply:
+    """An assistant answer with tool calls; ``arguments`` may be a dict or a raw string."""
+
+    calls: list[tuple[str, dict[str, Any] | str]]
+    content: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
+class ErrorReply:
+    """An HTTP error with a JSON body."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SlowReply:
+    """Wait ``seconds`` before answering with ``reply``."""
+
+    reply: Reply
+    seconds: float
+
+
+@dataclass
+class DropReply:
+    """Close the connection without sending any response."""
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | SlowReply | DropReply
+
+
+def text(content: str, usage: dict[str, Any] | None = None) -> TextReply:
+    """Plain assistant text; ``usage`` overrides the estimated usage block."""
+    return TextReply(content, usage)
+
+
+def tool_calls(
+    calls: Iterable[tuple[str, dict[str, Any] | str]],
+    content: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> ToolCallsReply:
+    """Tool calls as ``[(name, args), ...]``; a ``str`` args is sent verbatim (bad JSON)."""
+    return ToolCallsReply(list(calls), content, usage)
+
+
+def error(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> ErrorReply:
+    """Any HTTP error status with the given JSON body."""
+    return ErrorReply(status, body, dict(headers or {}))
+
+
+def _err(message: str, type_: str | None, code: Any, param: Any = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def rate_limited(retry_after: float | None = 1, retry_after_ms: int | None = None) -> ErrorReply:
+    """429 ``rate_limit_exceeded`` with ``Retry-After`` and/or ``retry-after-ms`` headers."""
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    if retry_after_ms is not None:
+        headers["retry-after-ms"] = str(retry_after_ms)
+    msg = (
+        "Rate limit reached for gpt-4o-mini in organization org-fake on requests per min (RPM): "
+        f"Limit 3, Used 3, Requested 1. Please try again in {retry_after or 1}s."
+    )
+    return ErrorReply(429, _err(msg, "requests", "rate_limit_exceeded"), headers)
+
+
+def server_error(status: int = 500) -> ErrorReply:
+    """A 5xx as OpenAI sends it."""
+    msg = "The server had an error while processing your request. Sorry about that!"
+    return ErrorReply(status, _err(msg, "server_error", None))
+
+
+def slow(reply: Reply, seconds: float) -> SlowReply:
+    """Delay ``seconds`` before answering with ``reply``."""
+    return SlowReply(reply, seconds)
+
+
+def drop() -> DropReply:
+    """Close the connection without a response (client sees a connection error)."""
+    return DropReply()
+
+
+def overflow_openai() -> ErrorReply:
+    """OpenAI's classic context-length error."""
+    msg = (
+        "This model's maximum context length is 4097 tokens. However, your messages resulted in "
+        "4294 tokens. Please reduce the length of the messages."
+    )
+    return ErrorReply(
+        400, _err(msg, "invalid_request_error", "context_length_exceeded", "messages")
+    )
+
+
+def overflow_vllm() -> ErrorReply:
+    """vLLM's context-length error (numeric ``code``)."""
+    msg = (
+        "This model's maximum context length is 32768 tokens. However, your request has 40000 "
+        "input tokens. Please reduce the length of the input messages."
+    )
+    return ErrorReply(400, _err(msg, "BadRequestError", 400))
+
+
+def overflow_llamacpp() -> ErrorReply:
+    """llama.cpp server's ``exceed_context_size_error``."""
+    msg = "request (36017 tokens) exceeds the available context size (32768 tokens), try increasing it"
+    body = {"code": 400, "message": msg, "type": "exceed_context_size_error"}
+    return ErrorReply(400, {"error": {**body, "n_prompt_tokens": 36017, "n_ctx": 32768}})
+
+
+def overflow_anthropic() -> ErrorReply:
+    """Anthropic's (OpenAI-compat) ``prompt is too long``."""
+    msg = "prompt is too long: 208310 tokens > 200000 maximum"
+    return ErrorReply(400, {"error": {"type": "invalid_request_error", "message": msg}})
+
+
+def overflow_openrouter() -> ErrorReply:
+    """OpenRouter's context-length error."""
+    msg = (
+        "This endpoint's maximum context length is 32768 tokens. However, you requested about "
+        "42832 tokens (42832 of text input). Please reduce the length of either one, or use the "
+        '"middle-out" transform to compress your prompt automatically.'
+    )
+    return ErrorReply(400, {"error": {"message": msg, "code": 400}, "user_id": "user_fake"})
+
+
+def overflow_new_openai() -> ErrorReply:
+    """Newer OpenAI models' ``Input tokens exceed the configured limit`` wording."""
+    msg = (
+        "Input tokens exceed the configured limit of 272000 tokens. Your messages resulted in "
+        "3148588 tokens. Please reduce the length of the messages."
+    )
+    return ErrorReply(
+        400, _err(msg, "invalid_request_error", "context_length_exceeded", "messages")
+    )
+
+
+def overflow_413() -> ErrorReply:
+    """A proxy's 413 with a bare body."""
+    return ErrorReply(413, {"error": {"message": "Request Entity Too Large"}})
+
+
+def bad_tool_schema() -> ErrorReply:
+    """A 400 that is *not* an overflow: invalid tool schema."""
+    msg = (
+        "Invalid schema for function 'x': In context=(), 'required' is required to be supplied "
+        "and to be an array including every key in properties. Missing 'y'."
+    )
+    return ErrorReply(
+        400,
+        _err(msg, "invalid_request_error", "invalid_function_parameters", "tools[0].function"),
+    )
+
+
+def _content_text(content: Any) -> str:
+    """String content as-is; list content -> joined text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def echo_default(body: dict[str, Any]) -> Reply:
+    """Built-in default: ``echo: <content of last user message>``."""
+    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+    return text("echo: " + (_content_text(users[-1].get("content")) if users else ""))
+
+
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    chars = 0
+    for m in messages:
+        chars += len(_content_text(m.get("content")))
+        for tc in m.get("tool_calls") or []:
+            chars += len(str(tc.get("function", {}).get("arguments", "")))
+    return chars // 4
+
+
+class FakeOpenAI:
+    """The fake server. ``async with FakeOpenAI() as fake`` or ``await start()/stop()``."""
+
+    def __init__(
+        self,
+        models: Iterable[str] = ("gpt-4o-mini", "fake-model"),
+        *,
+        auth_key: str | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.models: set[str] = set(models)
+        self.auth_key = auth_key
+        self.latency = latency
+        self.requests: list[Recorded] = []
+        self.default: Callable[[dict[str, Any]], Reply] = echo_default
+        self.base_url = ""
+        self._queue: deque[Reply] = deque()
+        self._ids = itertools.count(1)
+        self._call_ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+
+    def script(self, *replies: Reply) -> None:
+        """Append replies to the FIFO queue."""
+        self._queue.extend(replies)
+
+    def completion_requests(self) -> list[Recorded]:
+        """Recorded chat-completion requests only."""
+        return [r for r in self.requests if r.path == COMPLETIONS_PATH]
+
+    def last_messages(self) -> list[dict[str, Any]]:
+        """``messages`` of the last chat-completion request."""
+        return self.completion_requests()[-1].body.get("messages", [])
+
+    async def start(self) -> None:
+        """Bind 127.0.0.1 on a free port and serve."""
+        app = web.Application(middlewares=[self._record_and_auth])
+        app.router.add_post(COMPLETIONS_PATH, self._completions)
+        app.router.add_get(MODELS_PATH, self._list_models)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.1
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeOpenAI:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @web.middleware
+    async def _record_and_auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"_raw": raw.decode(errors="replace")}
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append(Recorded(body, headers, request.path))
+        request[_BODY] = body
+        if self.auth_key is not None and headers.get("authorization") != f"Bearer {self.auth_key}":
+            msg = "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys."
+            return web.json_response(
+                _err(msg, "invalid_request_error", "invalid_api_key"), status=401
+            )
+        return await handler(request)
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+            for m in sorted(self.models)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body: dict[str, Any] = request[_BODY]
+        model = body.get("model")
+        if model not in self.models:
+            msg = f"The model `{model}` does not exist or you do not have access to it."
+            return web.json_response(
+                _err(msg, "invalid_request_error", "model_not_found"), status=404
+            )
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        reply = self._queue.popleft() if self._queue else self.default(body)
+        while isinstance(reply, SlowReply):
+            await asyncio.sleep(reply.seconds)
+            reply = reply.reply
+        if isinstance(reply, DropReply):
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError  # aiohttp drops the request quietly
+        if isinstance(reply, ErrorReply):
+            return web.json_response(reply.body, status=reply.status, headers=reply.headers)
+        message, finish = self._message(reply)
+        completion_chars = len(message.get("content") or "") + sum(
+            len(tc["function"]["arguments"]) for tc in message.get("tool_calls", [])
+        )
+        completion = max(1, completion_chars // 4)
+        prompt = _prompt_tokens(body.get("messages", []))
+        usage = reply.usage or {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        head = {
+            "id": f"chatcmpl-fake{next(self._ids)}",
+            "created": int(time.time()),
+            "model": model,
+        }
+        if body.get("stream"):
+            return await self._stream(request, head, message, finish, usage)
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        return web.json_response(
+            {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+        )
+
+    def _message(self, reply: TextReply | ToolCallsReply) -> tuple[dict[str, Any], str]:
+        if isinstance(reply, TextReply):
+            return {"role": "assistant", "content": reply.content, "refusal": None}, "stop"
+        calls = [
+            {
+                "id": f"call_{next(self._call_ids)}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+            for name, args in reply.calls
+        ]
+        msg = {"role": "assistant", "content": reply.content, "refusal": None, "tool_calls": calls}
+        return msg, "tool_calls"
+
+    async def _stream(
+        self,
+        request: web.Request,
+        head: dict[str, Any],
+        message: dict[str, Any],
+        finish: str,
+        usage: dict[str, Any],
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        with_usage = bool((request[_BODY].get("stream_options") or {}).get("include_usage"))
+        extra = {"usage": None} if with_usage else {}
+        for delta, fin in _deltas(message, finish):
+            choice = {"index": 0, "delta": delta, "finish_reason": fin, "logprobs": None}
+            chunk = {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if with_usage:
+            chunk = {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _deltas(message: dict[str, Any], finish: str) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """Split a full assistant message into streaming deltas, as OpenAI does."""
+    content = message.get("content")
+    calls = message.get("tool_calls", [])
+    yield {"role": "assistant", "content": "" if content is not None or not calls else None}, None
+    for piece in re.findall(r"\S+\s*|\s+", content or ""):
+        yield {"content": piece}, None
+    for i, tc in enumerate(calls):
+        fn = tc["function"]
+        first = {"name": fn["name"], "arguments": ""}
+        yield (
+            {"tool_calls": [{"index": i, "id": tc["id"], "type": "function", "function": first}]},
+            None,
+        )
+        args, half = fn["arguments"], len(fn["arguments"]) // 2
+        for part in (args[:half], args[half:]):
+            if part:
+                yield {"tool_calls": [{"index": i, "function": {"arguments": part}}]}, None
+    yield {}, finish
