@@ -128,14 +128,14 @@ class Settings(BaseSettings):
     def slack_enabled(self) -> bool:
         return bool(self.slack_bot_token)
 
-    def check(self) -> Settings:
+    def check(self, *, require_model: bool = True) -> Settings:
         """Cross-field checks that pydantic cannot express; raises ConfigError naming the var."""
         url = self.database_url
         if url and "://" in url and not url.startswith("sqlite:"):
             raise ConfigError(
                 "BUB_DATABASE_URL: only sqlite:///path (or a plain file path) is supported"
             )
-        if not self.openai_api_key and not self.openai_base_url:
+        if require_model and not self.openai_api_key and not self.openai_base_url:
             raise ConfigError(
                 "OPENAI_API_KEY is not set: set it (or OPENAI_BASE_URL for a local"
                 " OpenAI-compatible server that needs no key)"
@@ -178,8 +178,11 @@ def _env_name(loc: tuple) -> str:
     return f"BUB_{field.upper()}"
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read and check the settings; any problem raises ConfigError with one line."""
+def load_settings(*, require_model: bool = True, **overrides: object) -> Settings:
+    """Read and check the settings; any problem raises ConfigError with one line.
+
+    `require_model=False` for commands that never call the model (`tapes`, `doctor`).
+    """
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
@@ -187,4 +190,4 @@ def load_settings(**overrides: object) -> Settings:
         raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {err['msg']}") from None
     except SettingsError as exc:
         raise ConfigError(f"invalid settings: {exc}") from None
-    return settings.check()
+    return settings.check(require_model=require_model)

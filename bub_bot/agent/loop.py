@@ -241,6 +241,10 @@ class Agent:
             ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
             self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
             text = spill.render(result)
+            if not _utf8_ok(text):
+                # Lone surrogates (e.g. non-UTF-8 file names) cannot be stored as UTF-8 text.
+                text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+                result = text
             threshold = self.settings.spill_threshold * 4
             if threshold and len(text) >= threshold and (tool is None or tool.spillable):
                 spilled = await spill.spill(tape, text, tool=name, call_id=call["id"])
@@ -298,6 +302,16 @@ async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
         meta["copy_of"] = entry.id
         copies.append(TapeEntry.message(entry.payload, **meta))
     return copies
+
+
+def _utf8_ok(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _ms(started: float) -> float:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+import string
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -20,6 +21,8 @@ from .entries import TapeEntry, dumps, utc_now
 from .names import SIDECAR_SEP, archive_name, tape_role
 
 SCHEMA_VERSION = 1
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tapes (
@@ -85,6 +88,11 @@ class TapeStats:
     last_anchor_id: int
 
 
+def _row(e: TapeEntry) -> tuple[str, str | None, str, str, str]:
+    """An entry as an `entries` row (without tape and id); fails before any write."""
+    return (e.kind, e.name, dumps(e.payload, "payload"), dumps(e.meta, "meta"), e.date)
+
+
 def _row_to_entry(row: Sequence[Any]) -> TapeEntry:
     id_, kind, payload, meta, date_ = row
     return TapeEntry(kind, json.loads(payload), json.loads(meta), date_, id_)
@@ -115,6 +123,25 @@ def _bound(value: str | date | datetime, *, end: bool) -> tuple[str, str]:
     return ">=", _day_start(day)
 
 
+class _Opening:
+    """What `SQLiteTapeStore.open` returns: await it, or use it with `async with`."""
+
+    def __init__(self, start: Callable[[], Awaitable[SQLiteTapeStore]]) -> None:
+        self._start = start
+        self._store: SQLiteTapeStore | None = None
+
+    def __await__(self) -> Generator[Any, None, SQLiteTapeStore]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> SQLiteTapeStore:
+        self._store = await self._start()
+        return self._store
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
 class SQLiteTapeStore:
     """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
 
@@ -124,8 +151,16 @@ class SQLiteTapeStore:
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    async def open(cls, path: str | Path) -> SQLiteTapeStore:
-        """Open (creating if needed) the database at `path`; fail with one clear line if not."""
+    def open(cls, path: str | Path) -> _Opening:
+        """Open (creating if needed) the database at `path`; fail with one clear line if not.
+
+        `store = await SQLiteTapeStore.open(path)`, or `async with SQLiteTapeStore.open(path)
+        as store:` (closed on exit).
+        """
+        return _Opening(lambda: cls._open(path))
+
+    @classmethod
+    async def _open(cls, path: str | Path) -> SQLiteTapeStore:
         location = str(path)
         if location != ":memory:":
             try:
@@ -184,6 +219,7 @@ class SQLiteTapeStore:
         *,
         dedupe_keys: Sequence[str] = (),
         if_no_anchor: bool = False,
+        bootstrap: TapeEntry | None = None,
         session_id: str | None = None,
     ) -> list[TapeEntry] | None:
         """Append entries in one transaction and return them with their ids.
@@ -191,14 +227,19 @@ class SQLiteTapeStore:
         `dedupe_keys`: if any key was ever recorded, nothing is written and None is returned;
         otherwise the keys are recorded with the entries (one transaction, so a crash keeps
         both or neither). `if_no_anchor`: write only when the tape has no anchor yet.
+        `bootstrap`: an anchor written first, in the same transaction, if the tape has none.
         """
         entries = list(entries)
-        rows = [
-            (e.kind, e.name, dumps(e.payload, "payload"), dumps(e.meta, "meta"), e.date)
-            for e in entries
-        ]
+        rows = [_row(e) for e in entries]
         ids = await self._run(
-            _append, tape, rows, tuple(dedupe_keys), if_no_anchor, session_id, utc_now()
+            _append,
+            tape,
+            rows,
+            tuple(dedupe_keys),
+            if_no_anchor,
+            _row(bootstrap) if bootstrap else None,
+            session_id,
+            utc_now(),
         )
         if ids is None:
             return None
@@ -296,7 +337,9 @@ class SQLiteTapeStore:
             # Payloads are stored as JSON without ASCII escapes, so any script matches as-is;
             # the needle is escaped the same way so quotes and newlines match too.
             clauses.append("instr(lower(payload), ?) > 0")
-            params.append(json.dumps(text.lower(), ensure_ascii=False)[1:-1])
+            # SQLite's lower() folds ASCII only, so the needle is folded the same way (str.lower
+            # would fold "Привет" to "привет" and never match the stored "Привет").
+            params.append(json.dumps(text, ensure_ascii=False)[1:-1].translate(_ASCII_LOWER))
         return await self._run(
             _query,
             tape,
@@ -373,6 +416,7 @@ def _append(
     rows: list[tuple],
     dedupe_keys: tuple[str, ...],
     if_no_anchor: bool,
+    bootstrap: tuple | None,
     session_id: str | None,
     now: str,
 ) -> list[int] | None:
@@ -388,6 +432,10 @@ def _append(
         if if_no_anchor and anchors:
             conn.execute("ROLLBACK")
             return None
+        skip = 0
+        if bootstrap is not None and not anchors:
+            rows = [bootstrap, *rows]
+            skip = 1
         ids = list(range(last_id + 1, last_id + 1 + len(rows)))
         conn.executemany(
             "INSERT INTO entries (tape, id, kind, name, payload, meta, date)"
@@ -403,6 +451,7 @@ def _append(
             " session_id = coalesce(session_id, ?) WHERE id = ?",
             (last_id + len(rows), anchors, last_anchor, now, session_id, tape_id),
         )
+        ids = ids[skip:]
         if dedupe_keys:
             first_id = ids[0] if ids else 0
             conn.executemany(

@@ -87,11 +87,16 @@ class Tape:
         written = await self.append_many(entries)
         return written[0]
 
+    @staticmethod
+    def bootstrap_anchor() -> TapeEntry:
+        """The `session/start` anchor every tape begins with."""
+        return TapeEntry.anchor(BOOTSTRAP_ANCHOR, {"owner": "human"})
+
     async def ensure_bootstrap_anchor(self) -> TapeEntry | None:
         """Write `session/start` if the tape has no anchor yet; returns it when written."""
         written = await self.store.append_many(
             self.name,
-            [TapeEntry.anchor(BOOTSTRAP_ANCHOR, {"owner": "human"})],
+            [self.bootstrap_anchor()],
             if_no_anchor=True,
             session_id=self.session_id,
         )

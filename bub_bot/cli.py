@@ -1,0 +1,62 @@
+"""`bub-bot chat` and `bub-bot run`: the terminal channel through the real runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from channels.cli import CliChannel
+
+from .config import Settings
+from .server import Bot
+
+
+async def run_once(settings: Settings, message: str, session: str = "local") -> int:
+    """Send one message, print the reply; non-zero with a one-line reason if the turn failed."""
+    channel = CliChannel()
+    bot = await Bot.open(settings, [channel])
+    outcomes: list[str] = []
+    bot.runtime.observers.append(
+        lambda event, data: outcomes.append(data["outcome"]) if event == "turn" else None
+    )
+    try:
+        inbound = channel.inbound(message, session)
+        await bot.runtime.receive(inbound)
+        await bot.runtime.wait_idle(inbound.session_id)
+    finally:
+        await bot.close()
+    if outcomes and outcomes[-1] not in ("ok", "auto_handoff"):
+        reason = channel.sent[-1] if channel.sent else outcomes[-1]
+        print(f"bub-bot: turn ended with {outcomes[-1]}: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def chat(settings: Settings, session: str = "local") -> int:
+    """An interactive conversation on stdin/stdout; Ctrl-D or Ctrl-C ends it."""
+    channel = CliChannel()
+    bot = await Bot.open(settings, [channel])
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"bub-bot chat — session cli:{session}. /help for commands, Ctrl-D to quit.")
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            if interactive:
+                print("> ", end="", flush=True)
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                break
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            inbound = channel.inbound(text, session)
+            await bot.runtime.receive(inbound)
+            await bot.runtime.wait_idle(inbound.session_id)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
+    finally:
+        if interactive:
+            print()
+        await bot.close()
+    return 0

@@ -1,0 +1,100 @@
+"""Chat commands: /handoff /reset /status /anchors /help.
+
+Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
+They write anchors and events; the model never sees them as messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+USAGE = {
+    "handoff": "/handoff [name=<anchor-name>] [summary text] — start a new phase (without text the model writes the summary)",
+    "reset": "/reset — archive this conversation and start empty",
+    "status": "/status — entries, anchors, last anchor, last token usage",
+    "anchors": "/anchors [count] — the most recent anchors",
+    "help": "/help — this list",
+}
+COMMANDS = tuple(USAGE)
+_NAME_RE = re.compile(r"^[A-Za-z0-9_./:-]{1,100}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A parsed command. `error` is set when the arguments are wrong (reply: usage line)."""
+
+    name: str
+    args: str
+    error: str | None = None
+    anchor_name: str = "handoff"
+    count: int = 10
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "args": self.args, "error": self.error}
+
+
+def strip_mention(text: str, bot_names: tuple[str, ...]) -> str:
+    """Remove one leading mention of the bot (`@name`, `<@U123>`) and the separator after it."""
+    stripped = text.lstrip()
+    for name in bot_names:
+        if name and stripped.lower().startswith(name.lower()):
+            return stripped[len(name) :].lstrip(" ,:\u00a0")
+    return stripped
+
+
+def parse(
+    text: str, bot_names: tuple[str, ...] = (), *, strict_target: bool = True
+) -> Command | None:
+    """The command in `text`, or None when it is ordinary text for the model.
+
+    Unknown `/words` are ordinary text. `/cmd@other` addressed to another bot is not ours
+    when `strict_target` and we know our names.
+    """
+    body = strip_mention(text, bot_names)
+    if not body.startswith("/"):
+        return None
+    head, _, rest = body[1:].partition(" ")
+    head, _, newline_rest = head.partition("\n")
+    rest = (newline_rest + " " + rest).strip() if newline_rest else rest.strip()
+    name, _, target = head.partition("@")
+    name = name.lower()
+    if name not in COMMANDS:
+        return None
+    if target and strict_target and bot_names:
+        ours = {n.lstrip("@").lower() for n in bot_names}
+        if target.lower() not in ours:
+            return None
+    return _check(name, rest)
+
+
+def _check(name: str, args: str) -> Command:
+    if name in ("reset", "status", "help"):
+        if args:
+            return Command(name, args, f"{name} takes no arguments. Usage: {USAGE[name]}")
+        return Command(name, args)
+    if name == "anchors":
+        if not args:
+            return Command(name, args)
+        if args.isdigit() and 1 <= int(args) <= 100:
+            return Command(name, args, count=int(args))
+        return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    # handoff
+    anchor_name = "handoff"
+    summary = args
+    first, _, remainder = args.partition(" ")
+    if first.startswith("name="):
+        anchor_name = first[len("name=") :]
+        summary = remainder.strip()
+        if not _NAME_RE.match(anchor_name):
+            return Command(
+                name,
+                args,
+                f"anchor names are 1-100 characters of letters, digits and _ . / : -. Usage: {USAGE[name]}",
+            )
+    return Command(name, summary, anchor_name=anchor_name)
+
+
+def help_text() -> str:
+    """The /help reply."""
+    return "Commands:\n" + "\n".join(USAGE.values())

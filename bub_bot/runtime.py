@@ -1,0 +1,669 @@
+"""The runtime: inbound -> session tape -> one turn at a time per session -> reply.
+
+The tape is the queue. `receive` writes the user's message (or command) and its dedupe
+keys in one transaction before the channel acknowledges the platform; a per-session
+worker then processes whatever is on the tape after the session's cursor, in order. Every
+step leaves a fact behind (`reply.sent`, `inbound.done`), so after a crash the worker picks
+up exactly where the facts stop: an answer already computed is delivered, not recomputed,
+and a message never answered is answered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from channels.base import Channel, DeliveryError, DeliveryUnknown, Inbound, Received
+
+from . import commands
+from .agent import Agent
+from .agent.model import ModelError
+from .config import Settings
+from .tape import SQLiteTapeStore, Tape, TapeEntry
+
+log = logging.getLogger("bub_bot.runtime")
+
+DONE = "inbound.done"
+REPLY_SENT = "reply.sent"
+EXPIRED_NOTE = (
+    "Sorry, I was offline and your earlier message{s} expired before I could answer."
+    " Please send {it} again."
+)
+FAILED_NOTE = "Sorry, something went wrong while answering. Please try again."
+SUMMARY_PROMPT = (
+    "Summarise this conversation phase for whoever continues it: the goal, decisions, facts"
+    " and open questions, in a few short bullet points. Reply with the summary only."
+)
+
+
+def _is_pending(entry: TapeEntry) -> bool:
+    """An inbound user message or command not yet handled (copies do not count)."""
+    if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
+        return False
+    if entry.kind == "message":
+        return entry.payload.get("role") == "user"
+    return entry.kind == "event" and entry.payload.get("name") == "command"
+
+
+def _is_reply(entry: TapeEntry) -> bool:
+    """An entry whose text goes to the user: a turn's answer or notice, a command's reply."""
+    if entry.kind == "message":
+        return entry.payload.get("role") == "assistant" and "turn" in entry.meta
+    return entry.kind == "event" and entry.payload.get("name") in ("turn.notice", "command.done")
+
+
+def _unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
+    """Replies in `items` that no `inbound.done` has closed yet."""
+    handled = {
+        e.payload["data"].get("reply")
+        for e in items
+        if e.kind == "event" and e.payload.get("name") == DONE
+    }
+    return [e for e in items if _is_reply(e) and e.id not in handled]
+
+
+def _seen_through(reply: TapeEntry) -> int | None:
+    """The newest entry the model had seen when it wrote this reply (None: not recorded)."""
+    if reply.kind == "message":
+        value = reply.meta.get("seen_through")
+    else:
+        value = reply.payload.get("data", {}).get("seen_through")
+    return int(value) if isinstance(value, int) else None
+
+
+def _reply_text(entry: TapeEntry) -> str:
+    if entry.kind == "message":
+        content = entry.payload.get("content")
+        return content if isinstance(content, str) else ""
+    return str(entry.payload.get("data", {}).get("text", ""))
+
+
+def _age_seconds(entry: TapeEntry) -> float:
+    try:
+        then = datetime.fromisoformat(entry.date)
+    except ValueError:
+        return 0.0
+    return (datetime.now(UTC) - then).total_seconds()
+
+
+@dataclass
+class Session:
+    """In-memory bookkeeping for one conversation while it has work; rebuilt from the tape."""
+
+    id: str
+    tape: Tape
+    workspace: Path
+    cursor: int | None = None
+    """Newest inbound entry id that is handled (None: not read from the tape yet)."""
+    dirty: bool = False
+    running: bool = False
+    barrier: int | None = None
+    """Id of the first command waiting behind the running turn: later messages wait too."""
+    task: asyncio.Task[None] | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Runtime:
+    """Sessions, ordering, delivery and resume; knows channels only through their contract."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: SQLiteTapeStore,
+        agent: Agent,
+        channels: dict[str, Channel] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.agent = agent
+        self.channels: dict[str, Channel] = dict(channels or {})
+        self._sessions: dict[str, Session] = {}
+        self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
+        self._closing = False
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
+        """Called with (event, data) for metrics: inbound, turn, reply."""
+        self.last_inbound: dict[str, float] = {}
+        self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
+
+    # -- observation ---------------------------------------------------------------------------
+    def _emit(self, event: str, **data: Any) -> None:
+        for observer in self.observers:
+            try:
+                observer(event, data)
+            except Exception:
+                log.exception("runtime observer failed on %s", event)
+
+    @property
+    def running_turns(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.running)
+
+    # -- ingress -------------------------------------------------------------------------------
+    def add_channel(self, channel: Channel) -> None:
+        self.channels[channel.name] = channel
+
+    def _session(self, session_id: str, workspace: Path | None) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            ws = workspace or self.settings.workspace
+            session = Session(session_id, Tape.for_session(self.store, session_id, ws), ws)
+            session.idle.set()
+            self._sessions[session_id] = session
+        return session
+
+    async def receive(self, inbound: Inbound) -> Received:
+        """Store an inbound message durably (deduplicated) and schedule its session's work.
+
+        Returns once the message is on disk; a re-delivery returns `Received(new=False)`
+        and changes nothing.
+        """
+        session = self._session(inbound.session_id, inbound.workspace)
+        command = commands.parse(inbound.text, inbound.bot_names)
+        meta: dict[str, Any] = {
+            "inbound": True,
+            "channel": inbound.channel,
+            "delivery_key": inbound.delivery_key,
+            "message_id": inbound.message_id,
+            "sender": {"id": inbound.sender.id, "name": inbound.sender.name},
+            "reply_target": inbound.reply_target,
+        }
+        if inbound.meta:
+            meta["platform"] = inbound.meta
+        if command is not None:
+            entry = TapeEntry.event("command", {**command.to_json(), "text": inbound.text}, **meta)
+        else:
+            content: Any = inbound.text
+            if inbound.images:
+                content = [{"type": "text", "text": inbound.text or "(image)"}]
+                content += [{"type": "image_url", "image_url": {"url": u}} for u in inbound.images]
+            entry = TapeEntry.message({"role": "user", "content": content}, **meta)
+        keys = [f"{inbound.channel}:{inbound.delivery_key}"]
+        keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]
+        written = await self.store.append_many(
+            session.tape.name,
+            [entry],
+            dedupe_keys=keys,
+            bootstrap=Tape.bootstrap_anchor(),
+            session_id=inbound.session_id,
+        )
+        self.last_inbound[inbound.channel] = time.monotonic()
+        # The worker may have finished (and forgotten this session) while we were writing.
+        session = self._session(inbound.session_id, inbound.workspace)
+        if written is None:
+            log.info("inbound.duplicate session=%s key=%s", inbound.session_id, keys[0])
+            self._emit("inbound", channel=inbound.channel, outcome="duplicate")
+            return Received(new=False)
+        entry_id = written[0].id
+        log.info(
+            "inbound.new session=%s channel=%s entry=%d%s",
+            inbound.session_id,
+            inbound.channel,
+            entry_id,
+            f" command=/{command.name}" if command else "",
+        )
+        self._emit("inbound", channel=inbound.channel, outcome="new")
+        if command is not None and session.running and session.barrier is None:
+            session.barrier = entry_id
+        self._wake(session)
+        return Received(new=True, entry_id=entry_id)
+
+    async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
+        """Whether this session's tape has anything on it (e.g. the bot answered there)."""
+        tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
+        return (await self.store.stats(tape.name)).entries > 0
+
+    def _wake(self, session: Session) -> None:
+        session.dirty = True
+        if self._closing or session.running:
+            return
+        session.running = True
+        session.idle.clear()
+        session.task = asyncio.get_running_loop().create_task(
+            self._work(session), name=f"session:{session.id}"
+        )
+
+    async def wait_idle(self, session_id: str, timeout: float | None = None) -> None:
+        """Wait until the session has no work (for `bub-bot run`, tests and shutdown)."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            await asyncio.wait_for(session.idle.wait(), timeout)
+
+    # -- the session worker ------------------------------------------------------------------
+    async def _work(self, session: Session) -> None:
+        try:
+            while not self._closing:
+                session.dirty = False
+                if session.cursor is None:
+                    session.cursor = await self._read_cursor(session.tape)
+                items = await session.tape.query(
+                    after_id=session.cursor, kinds=["message", "event"]
+                )
+                if await self._deliver_pending_reply(session, items):
+                    continue
+                pending = [e for e in items if _is_pending(e)]
+                if not pending:
+                    if session.dirty:
+                        continue
+                    break
+                async with self._slots:
+                    if pending[0].kind == "event":
+                        await self._run_command(session, pending[0], pending[1:])
+                    else:
+                        await self._run_turn(session, pending)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug in the runtime itself: the session stays usable, the process stays up.
+            log.exception("session worker failed session=%s", session.id)
+            session.cursor = None
+        finally:
+            session.running = False
+            session.barrier = None
+            session.idle.set()
+            if not self._closing and not session.dirty:
+                self._sessions.pop(session.id, None)
+            elif session.dirty and not self._closing:
+                self._wake(session)
+
+    async def _read_cursor(self, tape: Tape) -> int:
+        done = await tape.query(kinds=["event"], names=[DONE], newest_first=True, limit=1)
+        return int(done[0].payload["data"]["through"]) if done else 0
+
+    async def _mark_done(self, session: Session, through: int, **data: Any) -> None:
+        await session.tape.append(
+            TapeEntry.event(DONE, {"through": through, **data}, context=False)
+        )
+        session.cursor = through
+
+    async def _deliver_pending_reply(self, session: Session, items: list[TapeEntry]) -> bool:
+        """Finish delivering an answer that was computed but not fully sent (after a crash)."""
+        replies = _unhandled_replies(items)
+        if not replies:
+            return False
+        reply = replies[-1]
+        pending = [e for e in items if _is_pending(e) and e.id < reply.id]
+        through = self._covered(pending, reply)
+        source = next((e for e in reversed(pending) if e.id <= through), None)
+        if source is None:
+            await self._mark_done(session, max(through, session.cursor or 0))
+            return True
+        log.info("reply.resume session=%s entry=%d", session.id, reply.id)
+        await self._deliver(session, source, reply)
+        await self._mark_done(session, through, reply=reply.id, resumed=True)
+        return True
+
+    @staticmethod
+    def _covered(pending: list[TapeEntry], reply: TapeEntry) -> int:
+        """The newest inbound id a reply answers: a command's own id, or the messages before
+        the first command (the turn never saw what queued behind a command)."""
+        if reply.kind == "event" and reply.payload.get("name") == "command.done":
+            return int(reply.payload["data"].get("through", 0))
+        limit = _seen_through(reply)
+        through = 0
+        for entry in pending:
+            if entry.kind == "event" or (limit is not None and entry.id > limit):
+                break
+            through = entry.id
+        return through
+
+    async def _run_turn(self, session: Session, pending: list[TapeEntry]) -> None:
+        head = pending[0]
+        session.barrier = None
+        messages = []
+        for entry in pending:
+            if entry.kind == "event":
+                session.barrier = entry.id
+                break
+            messages.append(entry)
+        expired = [e for e in messages if self._expired(e)]
+        if expired:
+            await self._expire(session, expired)
+            return
+        turn_id = uuid.uuid4().hex[:12]
+        channel_name = messages[-1].meta.get("channel", "")
+        channel = self.channels.get(channel_name)
+        target = messages[-1].meta.get("reply_target") or {}
+        log.info(
+            "turn.start session=%s channel=%s turn=%s messages=%d",
+            session.id,
+            channel_name,
+            turn_id,
+            len(messages),
+        )
+        started = time.perf_counter()
+
+        def hold_back(entries: list[TapeEntry]) -> list[TapeEntry]:
+            barrier = session.barrier
+            if barrier is None:
+                return entries
+            return [e for e in entries if not (e.meta.get("inbound") and e.id > barrier)]
+
+        working = channel.working(target) if channel is not None else contextlib.nullcontext()
+        try:
+            async with _safe(working, session.id):
+                result = await self.agent.run_turn(
+                    session.tape,
+                    workspace=session.workspace,
+                    entry_filter=hold_back,
+                    turn_id=turn_id,
+                    turn_start=head.id - 1,
+                )
+        except (ModelError, Exception) as exc:
+            log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
+            written = await session.tape.append_many(
+                [
+                    TapeEntry.error("turn", f"{type(exc).__name__}: {exc}"),
+                    TapeEntry.event(
+                        "turn.notice", {"status": "error", "text": FAILED_NOTE}, context=False
+                    ),
+                ]
+            )
+            self._emit("turn", channel=channel_name, outcome="error")
+            reply = written[-1]
+        else:
+            reply = (
+                (await session.tape.query(after_id=result.reply_entry - 1, limit=1))[0]
+                if result.reply_entry
+                else None
+            )
+            outcome = (
+                "auto_handoff" if result.auto_handoff and result.status == "ok" else result.status
+            )
+            self._emit("turn", channel=channel_name, outcome=outcome)
+            log.info(
+                "turn.end session=%s turn=%s status=%s steps=%d elapsed_ms=%.0f",
+                session.id,
+                turn_id,
+                result.status,
+                result.steps,
+                (time.perf_counter() - started) * 1000,
+            )
+        # Re-read what is pending now: messages that reached the model mid-turn are covered.
+        items = await session.tape.query(after_id=session.cursor or 0, kinds=["message", "event"])
+        if reply is None:
+            covered = self._covered([e for e in items if _is_pending(e)], TapeEntry.system(""))
+            await self._mark_done(session, covered)
+            return
+        pending_now = [e for e in items if _is_pending(e) and e.id < reply.id]
+        through = self._covered(pending_now, reply)
+        source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
+        await self._deliver(session, source, reply)
+        await self._mark_done(session, through, reply=reply.id, turn=turn_id)
+        session.barrier = None
+
+    def _expired(self, entry: TapeEntry) -> bool:
+        """Only messages from before this process started can expire (found on resume)."""
+        window = self.settings.resume_window_seconds
+        return window > 0 and entry.date < self._started_at and _age_seconds(entry) > window
+
+    async def _expire(self, session: Session, expired: list[TapeEntry]) -> None:
+        """Old messages found after a restart: record them and send one note per session."""
+        last = expired[-1]
+        log.warning("inbound.expired session=%s count=%d", session.id, len(expired))
+        many = len(expired) > 1
+        text = EXPIRED_NOTE.format(s="s" if many else "", it="them" if many else "it")
+        note = await session.tape.append(
+            TapeEntry.event(
+                "inbound.expired", {"ids": [e.id for e in expired], "text": text}, context=False
+            )
+        )
+        await self._send(session, last, text, note.id)
+        await self._mark_done(session, last.id, expired=True)
+
+    async def _run_command(
+        self, session: Session, command: TapeEntry, later: list[TapeEntry]
+    ) -> None:
+        data = command.payload.get("data", {})
+        name = data.get("name", "")
+        parsed = commands.parse(data.get("text", ""), (), strict_target=False)
+        if self._expired(command):
+            await self._expire(session, [command])
+            return
+        log.info("command.start session=%s command=/%s", session.id, name)
+        tape = session.tape
+        if parsed is None or parsed.error:
+            text = parsed.error if parsed and parsed.error else commands.help_text()
+            await self._command_reply(session, command, text, ok=False)
+            return
+        if parsed.name == "reset":
+            carry = [e for e in later if e.meta.get("inbound")]
+            archived = await tape.reset(archive=True, carry=carry)
+            session.cursor = 0
+            self._emit("command", name="reset")
+            # The command and its reply target live on the archived tape now; reply directly.
+            text = f"Started a fresh conversation. The previous one is archived as {archived}."
+            await tape.append(
+                TapeEntry.event(
+                    "command.result",
+                    {"name": "reset", "archived": archived, "text": text},
+                    context=False,
+                )
+            )
+            await self._send(session, command, text, None)
+            return
+        if parsed.name == "handoff":
+            text = await self._handoff(session, parsed)
+        elif parsed.name == "status":
+            info = await tape.info()
+            usage = info.last_usage or {}
+            text = (
+                f"Entries: {info.entries}\nAnchors: {info.anchors}\n"
+                f"Last anchor: {info.last_anchor or '-'}\n"
+                f"Entries since it: {info.entries_since_anchor}\n"
+                f"Last token usage: {_usage_text(usage)}"
+            )
+        elif parsed.name == "anchors":
+            anchors = await tape.anchors(parsed.count)
+            lines = [
+                f"#{a.id} {a.payload['name']} ({a.date[:19].replace('T', ' ')} UTC)"
+                for a in anchors
+            ]
+            text = "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
+        else:
+            text = commands.help_text()
+        self._emit("command", name=parsed.name)
+        await self._command_reply(session, command, text, ok=True)
+
+    async def _command_reply(
+        self, session: Session, command: TapeEntry, text: str, *, ok: bool
+    ) -> None:
+        name = command.payload.get("data", {}).get("name")
+        done = await session.tape.append(
+            TapeEntry.event(
+                "command.done",
+                {"name": name, "ok": ok, "text": text, "through": command.id},
+                context=False,
+            )
+        )
+        await self._deliver(session, command, done)
+        await self._mark_done(session, command.id, reply=done.id)
+
+    async def _handoff(self, session: Session, command: commands.Command) -> str:
+        tape = session.tape
+        summary = command.args
+        note = ""
+        if not summary:
+            try:
+                context = await tape.read_messages()
+                reply = await asyncio.wait_for(
+                    self.agent.model.complete(
+                        [*context, {"role": "user", "content": SUMMARY_PROMPT}],
+                        timeout=self.settings.handoff_summary_timeout_seconds,
+                    ),
+                    self.settings.handoff_summary_timeout_seconds + 5,
+                )
+                summary = reply.content.strip()
+            except (TimeoutError, ModelError) as exc:
+                log.warning("handoff.summary_failed session=%s: %s", session.id, exc)
+                note = " The model could not write a summary, so this phase starts without one."
+        state: dict[str, Any] = {"owner": "human"}
+        then: list[TapeEntry] = []
+        if summary:
+            state["summary"] = summary
+            then.append(
+                TapeEntry.message(
+                    {"role": "user", "content": f"[Summary of the previous phase]\n{summary}"},
+                    handoff_summary=True,
+                )
+            )
+        await tape.handoff(command.anchor_name, state, then=then)
+        if summary:
+            return f"Handed off ({command.anchor_name}). Summary carried into the next phase:\n{summary}"
+        return f"Handed off ({command.anchor_name}).{note}"
+
+    # -- delivery ------------------------------------------------------------------------------
+    async def _deliver(self, session: Session, source: TapeEntry, reply: TapeEntry) -> None:
+        """Send `reply`'s text in pieces, skipping pieces already recorded as sent."""
+        text = _reply_text(reply)
+        sent = await session.tape.query(
+            after_id=reply.id, kinds=["event"], names=[REPLY_SENT, "reply.unknown"]
+        )
+        done = {
+            e.payload["data"].get("chunk")
+            for e in sent
+            if e.payload["data"].get("reply") == reply.id
+        }
+        await self._send(session, source, text, reply.id, skip=done)
+
+    async def _send(
+        self,
+        session: Session,
+        source: TapeEntry,
+        text: str,
+        reply_id: int | None,
+        skip: set[int] | None = None,
+    ) -> None:
+        channel_name = source.meta.get("channel", "")
+        channel = self.channels.get(channel_name)
+        target = source.meta.get("reply_target") or {}
+        if not text.strip():
+            text = "(no answer)"
+        if channel is None:
+            log.error(
+                "reply.failed session=%s: channel %r is not running", session.id, channel_name
+            )
+            await session.tape.append(
+                TapeEntry.event(
+                    "reply.failed",
+                    {"reply": reply_id, "error": f"channel {channel_name!r} not running"},
+                    context=False,
+                )
+            )
+            return
+        pieces = channel.split(text)
+        for index, piece in enumerate(pieces):
+            if skip and index in skip:
+                continue
+            try:
+                ids = await channel.send(target, piece)
+            except DeliveryUnknown as exc:
+                # It may have been posted: record it and never post it again.
+                log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
+                await session.tape.append(
+                    TapeEntry.event(
+                        "reply.unknown",
+                        {"reply": reply_id, "chunk": index, "error": str(exc)},
+                        context=False,
+                    )
+                )
+                self._emit("reply", channel=channel_name, outcome="unknown")
+                continue
+            except (DeliveryError, Exception) as exc:
+                log.error("reply.failed session=%s chunk=%d: %s", session.id, index, exc)
+                await session.tape.append(
+                    TapeEntry.event(
+                        "reply.failed",
+                        {"reply": reply_id, "chunk": index, "error": str(exc)},
+                        context=False,
+                    )
+                )
+                self._emit("reply", channel=channel_name, outcome="failed")
+                return
+            await session.tape.append(
+                TapeEntry.event(
+                    REPLY_SENT,
+                    {"reply": reply_id, "chunk": index, "of": len(pieces), "ids": list(ids)},
+                    context=False,
+                )
+            )
+            self._emit("reply", channel=channel_name, outcome="sent")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def resume(self) -> int:
+        """After a start: wake every session with unfinished inbound work; returns how many."""
+        woken = 0
+        for summary in await self.store.list_tapes():
+            if not summary.session_id:
+                continue
+            tape = Tape(self.store, summary.name, summary.session_id)
+            cursor = await self._read_cursor(tape)
+            items = await tape.query(after_id=cursor, kinds=["message", "event"])
+            pending = [e for e in items if _is_pending(e)]
+            if not pending and not _unhandled_replies(items):
+                continue
+            channel = (pending or items)[-1].meta.get("channel")
+            if channel and channel not in self.channels:
+                continue
+            session = self._sessions.get(summary.session_id)
+            if session is None:
+                session = Session(summary.session_id, tape, self.settings.workspace)
+                session.idle.set()
+                self._sessions[summary.session_id] = session
+                session.tape = tape
+            session.cursor = cursor
+            self._wake(session)
+            woken += 1
+        if woken:
+            log.info("resume sessions=%d", woken)
+        return woken
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""
+        self._closing = True
+        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        tasks = [s.task for s in self._sessions.values() if s.task and not s.task.done()]
+        if tasks:
+            log.info("shutdown waiting for %d running sessions (grace %.0fs)", len(tasks), grace)
+            _, still = await asyncio.wait(tasks, timeout=grace)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=5)
+                log.warning(
+                    "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
+                )
+
+
+def _usage_text(usage: dict[str, Any]) -> str:
+    if not usage:
+        return "-"
+    parts = [f"{usage.get('prompt_tokens', '?')} in", f"{usage.get('completion_tokens', '?')} out"]
+    if usage.get("cached_tokens"):
+        parts.append(f"{usage['cached_tokens']} cached")
+    return ", ".join(parts)
+
+
+@contextlib.asynccontextmanager
+async def _safe(indicator: contextlib.AbstractAsyncContextManager[None], session_id: str):
+    """Run a working-indicator without letting its failures touch the turn."""
+    entered = False
+    try:
+        await indicator.__aenter__()
+        entered = True
+    except Exception as exc:
+        log.warning("indicator.failed session=%s: %s", session_id, exc)
+    try:
+        yield
+    finally:
+        if entered:
+            try:
+                await indicator.__aexit__(None, None, None)
+            except Exception as exc:
+                log.warning("indicator.failed session=%s: %s", session_id, exc)

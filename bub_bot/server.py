@@ -1,0 +1,188 @@
+"""`bub-bot serve`: one aiohttp app that runs the channels, their webhooks and health checks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from channels.base import Channel
+
+from .agent import Agent, ModelClient, default_registry
+from .config import Settings
+from .runtime import Runtime
+from .tape import SQLiteTapeStore
+
+log = logging.getLogger("bub_bot.server")
+
+NO_CHANNEL = (
+    "no channel is configured: set BUB_TELEGRAM_TOKEN (Telegram) or BUB_SLACK_BOT_TOKEN with"
+    " BUB_SLACK_APP_TOKEN or BUB_SLACK_SIGNING_SECRET (Slack); to try bub-bot in the terminal"
+    " run `bub-bot chat`"
+)
+
+
+@dataclass
+class Bot:
+    """Everything a running bub-bot holds: store, agent, runtime and channels."""
+
+    settings: Settings
+    store: SQLiteTapeStore
+    agent: Agent
+    runtime: Runtime
+    channels: list[Channel] = field(default_factory=list)
+    started: dict[str, bool] = field(default_factory=dict)
+    extra_routes: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, settings: Settings, channels: list[Channel] | None = None) -> Bot:
+        """Open the database and build the agent and runtime (channels are not started)."""
+        store = await SQLiteTapeStore.open(settings.database_path)
+        agent = Agent(settings, ModelClient(settings), default_registry())
+        channels = list(channels or [])
+        runtime = Runtime(settings, store, agent, {c.name: c for c in channels})
+        return cls(settings, store, agent, runtime, channels)
+
+    async def start_channels(self) -> None:
+        """Start every channel; a channel that cannot start stops the whole start."""
+        for channel in self.channels:
+            await channel.start(self.runtime)
+            self.started[channel.name] = True
+            log.info("channel.started channel=%s", channel.name)
+
+    async def close(self) -> None:
+        """Stop channels, let running turns finish (grace period), close the database."""
+        for channel in self.channels:
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("channel.stop failed channel=%s", channel.name)
+            self.started[channel.name] = False
+        await self.runtime.shutdown()
+        await self.agent.model.close()
+        await self.store.close()
+
+
+def build_channels(settings: Settings) -> list[Channel]:
+    """The configured channels. Each platform library is imported only when it is configured
+    (aiogram alone takes seconds to import)."""
+    found: list[Channel] = []
+    if settings.telegram_enabled:
+        from channels.telegram import TelegramChannel
+
+        found.append(TelegramChannel(settings))
+    if settings.slack_enabled:
+        from channels.slack import SlackChannel
+
+        found.append(SlackChannel(settings))
+    return found
+
+
+class BotServer:
+    """The HTTP side of a bot: health, readiness, metrics and channel webhooks.
+
+    `start()` listens first, then starts the channels and resumes unfinished work, and only
+    then reports ready; `stop()` reverses it (running turns get the grace period).
+    """
+
+    def __init__(self, bot: Bot, host: str | None = None, port: int | None = None) -> None:
+        self.bot = bot
+        self.host = bot.settings.host if host is None else host
+        self.port = bot.settings.port if port is None else port
+        self.ready = False
+        self.app = self._build()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def _build(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        for channel in self.bot.channels:
+            for method, path, handler in channel.routes():
+                app.router.add_route(method, path, handler)
+        for method, path, handler in self.bot.extra_routes:
+            app.router.add_route(method, path, handler)
+        return app
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        bot = self.bot
+        body: dict[str, Any] = {"ok": True, "database": "ok", "channels": {}}
+        try:
+            await bot.store.ping()
+        except Exception as exc:
+            body["ok"], body["database"] = False, f"error: {exc}"
+        now = time.monotonic()
+        for channel in bot.channels:
+            last = bot.runtime.last_inbound.get(channel.name)
+            started = bot.started.get(channel.name, False)
+            body["channels"][channel.name] = {
+                "started": started,
+                "last_inbound_age_seconds": None if last is None else round(now - last, 1),
+            }
+            body["ok"] = body["ok"] and started
+        body["ok"] = body["ok"] and self.ready
+        return web.json_response(body, status=200 if body["ok"] else 503)
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self.bot.start_channels()
+        await self.bot.runtime.resume()
+        self.ready = True
+        log.info(
+            "serving on %s:%d channels=%s",
+            self.host,
+            self.port,
+            ",".join(c.name for c in self.bot.channels) or "-",
+        )
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self.bot.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT; exit code 0 on a clean stop, 2 when nothing is configured."""
+    channels = build_channels(settings)
+    if not channels:
+        log.error(NO_CHANNEL)
+        return 2
+    bot = await Bot.open(settings, channels)
+    from .metrics import install as install_metrics
+
+    install_metrics(bot)
+    server = BotServer(bot)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except Exception:
+        await server.stop()
+        raise
+    await stop.wait()
+    log.info("shutdown requested")
+    await server.stop()
+    log.info("stopped")
+    return 0
