@@ -40,6 +40,10 @@ async def chat(settings: Settings, session: str = "local") -> int:
     if interactive:
         print(f"bub-bot chat — session cli:{session}. /help for commands, Ctrl-D to quit.")
     loop = asyncio.get_running_loop()
+    session_id = f"cli:{session}"
+    # A message left unanswered by a crash is answered now (once).
+    if await bot.runtime.resume({session_id}):
+        await bot.runtime.wait_idle(session_id)
     try:
         while True:
             if interactive:

@@ -596,11 +596,16 @@ class Runtime:
             self._emit("reply", channel=channel_name, outcome="sent")
 
     # -- lifecycle -----------------------------------------------------------------------------
-    async def resume(self) -> int:
-        """After a start: wake every session with unfinished inbound work; returns how many."""
+    async def resume(self, sessions: set[str] | None = None) -> int:
+        """After a start: wake every session (or just `sessions`) with unfinished inbound work.
+
+        Returns how many were woken. Sessions whose channel is not running stay as they are.
+        """
         woken = 0
         for summary in await self.store.list_tapes():
-            if not summary.session_id:
+            if not summary.session_id or (
+                sessions is not None and summary.session_id not in sessions
+            ):
                 continue
             tape = Tape(self.store, summary.name, summary.session_id)
             cursor = await self._read_cursor(tape)

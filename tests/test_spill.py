@@ -62,7 +62,7 @@ async def run_big_tool(fake_openai, agent, tape, registry, **overrides) -> tuple
     fake_openai.script(tool_calls([("demo_big", {})]), text("got it"))
     result = await agent(registry, **overrides).run_turn(tape, [USER])
     assert result.status == "ok"
-    (seen,) = [m["content"] for m in fake_openai.last_messages() if m["role"] == "tool"]
+    seen = [m["content"] for m in fake_openai.last_messages() if m["role"] == "tool"][-1]
     return result, seen
 
 
