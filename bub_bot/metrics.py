@@ -1,10 +1,123 @@
-"""Prometheus metrics (filled in by the deploy/operate work); a no-op hook for now."""
+"""Prometheus metrics: counters fed by runtime and agent observers, served at GET /metrics."""
 
 from __future__ import annotations
 
-from typing import Any
+import hmac
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from .server import Bot
 
 
-def install(bot: Any) -> None:
-    """Attach metrics to a bot (observers and the /metrics route)."""
-    return None
+class Metrics:
+    """One registry per bot (so in-process tests and several bots never share counters)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.inbound = Counter(
+            "bub_inbound_messages",
+            "Inbound messages by channel and outcome",
+            ["channel", "outcome"],
+            registry=r,
+        )
+        self.turns = Counter("bub_turns", "Finished turns by outcome", ["outcome"], registry=r)
+        self.model_calls = Counter(
+            "bub_model_calls", "Model calls by outcome", ["outcome"], registry=r
+        )
+        self.model_latency = Histogram(
+            "bub_model_latency_seconds",
+            "Model call latency",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120),
+            registry=r,
+        )
+        self.tokens = Counter("bub_tokens", "Model tokens by direction", ["direction"], registry=r)
+        self.tool_calls = Counter(
+            "bub_tool_calls", "Tool calls by tool and outcome", ["tool", "outcome"], registry=r
+        )
+        self.spills = Counter(
+            "bub_spills", "Tool outputs spilled to the sidecar", ["outcome"], registry=r
+        )
+        self.auto_handoffs = Counter("bub_auto_handoffs", "Context-overflow handoffs", registry=r)
+        self.replies = Counter(
+            "bub_replies", "Reply pieces by channel and outcome", ["channel", "outcome"], registry=r
+        )
+        self.commands = Counter("bub_commands", "Chat commands run", ["command"], registry=r)
+        self.running_turns = Gauge(
+            "bub_running_turns", "Sessions with a turn in progress", registry=r
+        )
+        self.last_inbound = Gauge(
+            "bub_seconds_since_last_inbound",
+            "Seconds since the last inbound message",
+            ["channel"],
+            registry=r,
+        )
+
+    # -- observers -----------------------------------------------------------------------------
+    def on_runtime(self, event: str, data: dict[str, Any]) -> None:
+        if event == "inbound":
+            self.inbound.labels(data.get("channel", ""), data.get("outcome", "")).inc()
+        elif event == "turn":
+            self.turns.labels(data.get("outcome", "")).inc()
+        elif event == "reply":
+            self.replies.labels(data.get("channel", ""), data.get("outcome", "")).inc()
+        elif event == "command":
+            self.commands.labels(data.get("name", "")).inc()
+
+    def on_agent(self, event: str, data: dict[str, Any]) -> None:
+        if event == "model_call":
+            ok = data.get("ok", True)
+            self.model_calls.labels("ok" if ok else "error").inc()
+            if "latency_ms" in data:
+                self.model_latency.observe(data["latency_ms"] / 1000)
+            usage = data.get("usage") or {}
+            self.tokens.labels("in").inc(usage.get("prompt_tokens") or 0)
+            self.tokens.labels("out").inc(usage.get("completion_tokens") or 0)
+        elif event == "tool_call":
+            self.tool_calls.labels(data.get("tool", ""), "ok" if data.get("ok") else "error").inc()
+        elif event == "spill":
+            self.spills.labels("ok" if data.get("ok") else "failed").inc()
+        elif event == "auto_handoff":
+            self.auto_handoffs.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def install(bot: Bot) -> Metrics:
+    """Feed a bot's runtime and agent events into counters and mount GET /metrics."""
+    metrics = Metrics()
+    bot.runtime.observers.append(metrics.on_runtime)
+    bot.agent.hooks.append(metrics.on_agent)
+    metrics.running_turns.set_function(lambda: bot.runtime.running_turns)
+    for channel in bot.channels:
+        name = channel.name
+
+        def age(name: str = name) -> float:
+            last = bot.runtime.last_inbound.get(name)
+            return float("nan") if last is None else time.monotonic() - last
+
+        metrics.last_inbound.labels(name).set_function(age)
+    token = bot.settings.metrics_token
+
+    async def handler(request: web.Request) -> web.Response:
+        if token:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return web.json_response({"error": "unauthorized"}, status=401)
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    bot.extra_routes.append(("GET", "/metrics", handler))
+    bot.metrics = metrics
+    return metrics

@@ -39,6 +39,7 @@ class Bot:
     channels: list[Channel] = field(default_factory=list)
     started: dict[str, bool] = field(default_factory=dict)
     extra_routes: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = field(default_factory=list)
+    metrics: Any = None
 
     @classmethod
     async def open(cls, settings: Settings, channels: list[Channel] | None = None) -> Bot:
@@ -47,7 +48,11 @@ class Bot:
         agent = Agent(settings, ModelClient(settings), default_registry())
         channels = list(channels or [])
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels})
-        return cls(settings, store, agent, runtime, channels)
+        bot = cls(settings, store, agent, runtime, channels)
+        from .metrics import install
+
+        install(bot)
+        return bot
 
     async def start_channels(self) -> None:
         """Start every channel; a channel that cannot start stops the whole start."""
@@ -168,9 +173,6 @@ async def serve(settings: Settings) -> int:
         log.error(NO_CHANNEL)
         return 2
     bot = await Bot.open(settings, channels)
-    from .metrics import install as install_metrics
-
-    install_metrics(bot)
     server = BotServer(bot)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

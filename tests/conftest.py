@@ -37,9 +37,7 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings(
-    fake_openai: FakeOpenAI, tmp_path: Path, workspace: Path
-) -> Callable[..., Settings]:
+def settings(fake_openai: FakeOpenAI, tmp_path: Path, workspace: Path) -> Callable[..., Settings]:
     """`settings(**overrides)`: settings pointing at the fake (no retries unless asked)."""
 
     def make(model_retries: int = 0, **overrides: Any) -> Settings:

@@ -193,9 +193,7 @@ async def test_max_steps_ends_with_a_recorded_note(fake_openai, agent, tape, mon
     assert len(await tape.query(kinds=["tool_result"])) == 3
 
 
-async def test_message_arriving_during_a_slow_step_reaches_the_next_step(
-    fake_openai, agent, tape
-):
+async def test_message_arriving_during_a_slow_step_reaches_the_next_step(fake_openai, agent, tape):
     fake_openai.script(slow(tool_calls([("tape_info", {})]), 0.3), text("noted both"))
     turn = asyncio.create_task(agent().run_turn(tape, [USER]))
     for _ in range(500):

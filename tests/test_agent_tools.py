@@ -118,7 +118,12 @@ async def test_tape_tools_through_scripted_calls(fake_openai, agent, tape):
             ]
         ),
         tool_calls(
-            [("tape_handoff", {"summary": "User set up the database; next: backups.", "name": "db"})]
+            [
+                (
+                    "tape_handoff",
+                    {"summary": "User set up the database; next: backups.", "name": "db"},
+                )
+            ]
         ),
         text("Fresh phase."),
     )

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..tape import Tape, TapeEntry
+from ..tape import AnchorNotFound, Tape, TapeEntry
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,10 @@ async def read(
     pieces: list[str] = []
     byte_count = 0
     for index in range(first, last + 1):
-        found = await sidecar.query(after_anchor=f"spill/{handle}/chunk/{index}", limit=1)
+        try:
+            found = await sidecar.query(after_anchor=f"spill/{handle}/chunk/{index}", limit=1)
+        except AnchorNotFound:
+            found = []
         content = None
         if found and found[0].kind == "tool_result":
             results = found[0].payload.get("results") or [{}]

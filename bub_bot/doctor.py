@@ -1,0 +1,203 @@
+"""`bub-bot doctor`: check each configured part once, one line each, with a fix on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+import aiohttp
+
+from .config import DEFAULT_OPENAI_BASE_URL, Settings
+from .logs import RedactSecrets, secrets_of
+from .tape import SQLiteTapeStore, TapeStoreError
+from .tape.store import SCHEMA_VERSION
+
+TIMEOUT = aiohttp.ClientTimeout(total=15)
+DEFAULT_TELEGRAM_API = "https://api.telegram.org"
+DEFAULT_SLACK_API = "https://slack.com/api/"
+
+
+@dataclass
+class Result:
+    """One check's outcome: `detail` on success, `detail` + `fix` on failure."""
+
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+async def check_storage(settings: Settings) -> Result:
+    path = settings.database_path
+    try:
+        store = await SQLiteTapeStore.open(path)
+        try:
+            await store.ping()
+            tapes = len(await store.list_tapes())
+        finally:
+            await store.close()
+    except (TapeStoreError, OSError) as exc:
+        return Result(
+            False, str(exc), "make BUB_HOME (or BUB_DATABASE_URL) point to a writable place"
+        )
+    return Result(True, f"{path} writable, schema v{SCHEMA_VERSION}, {tapes} live tapes")
+
+
+async def check_model(settings: Settings) -> Result:
+    import openai
+
+    base = settings.openai_base_url or DEFAULT_OPENAI_BASE_URL
+    if not settings.openai_api_key and not settings.openai_base_url:
+        return Result(
+            False,
+            "OPENAI_API_KEY is not set",
+            "set OPENAI_API_KEY (or OPENAI_BASE_URL for a local server)",
+        )
+    client = openai.AsyncOpenAI(
+        api_key=settings.openai_api_key or "not-needed", base_url=base, timeout=15, max_retries=0
+    )
+    try:
+        try:
+            models = [m.id async for m in client.models.list()]
+        except openai.AuthenticationError:
+            return Result(False, f"{base} rejected the API key", "check OPENAI_API_KEY")
+        except openai.APIConnectionError as exc:
+            return Result(
+                False, f"cannot reach {base}: {exc}", "check OPENAI_BASE_URL and the network"
+            )
+        except openai.APIStatusError:
+            models = []  # some servers have no model list: ask the model itself below
+        if models:
+            if settings.model in models:
+                return Result(True, f"{base} reachable, model {settings.model!r} listed")
+            return Result(
+                False,
+                f"model {settings.model!r} is not served by {base}",
+                f"set BUB_MODEL to one of: {', '.join(sorted(models)[:8])}",
+            )
+        await client.chat.completions.create(
+            model=settings.model, messages=[{"role": "user", "content": "ping"}], max_tokens=1
+        )
+        return Result(True, f"{base} reachable, model {settings.model!r} answered")
+    except openai.NotFoundError:
+        return Result(False, f"model {settings.model!r} is not served by {base}", "check BUB_MODEL")
+    except openai.AuthenticationError:
+        return Result(False, f"{base} rejected the API key", "check OPENAI_API_KEY")
+    except openai.APIConnectionError as exc:
+        return Result(False, f"cannot reach {base}: {exc}", "check OPENAI_BASE_URL and the network")
+    except openai.APIStatusError as exc:
+        return Result(
+            False, f"{base} answered HTTP {exc.status_code}", "check BUB_MODEL and OPENAI_BASE_URL"
+        )
+    finally:
+        await client.close()
+
+
+async def check_telegram(settings: Settings) -> Result:
+    base = (settings.telegram_api_base or DEFAULT_TELEGRAM_API).rstrip("/")
+    token = settings.telegram_token or ""
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            async with http.post(f"{base}/bot{token}/getMe") as resp:
+                me = await resp.json(content_type=None)
+            if not me.get("ok"):
+                return Result(
+                    False,
+                    f"getMe failed: {me.get('description', resp.status)}",
+                    "check BUB_TELEGRAM_TOKEN (from @BotFather)",
+                )
+            name = f"@{me['result'].get('username')}"
+            if not settings.telegram_webhook_url:
+                return Result(True, f"getMe ok as {name} (long polling)")
+            async with http.post(f"{base}/bot{token}/getWebhookInfo") as resp:
+                info = (await resp.json(content_type=None)).get("result", {})
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return Result(
+            False, f"cannot reach {base}: {exc}", "check BUB_TELEGRAM_API_BASE and the network"
+        )
+    pending = info.get("pending_update_count", 0)
+    error = info.get("last_error_message")
+    if info.get("url") != settings.telegram_webhook_url:
+        return Result(
+            False,
+            f"getMe ok as {name}, but the webhook is {info.get('url') or 'not set'!r}",
+            "start bub-bot serve (it sets the webhook) or fix BUB_TELEGRAM_WEBHOOK_URL",
+        )
+    detail = f"getMe ok as {name}, webhook set, {pending} pending updates"
+    if error:
+        return Result(
+            False, f"{detail}, last error: {error}", "make the webhook URL reachable over HTTPS"
+        )
+    return Result(True, detail)
+
+
+async def check_slack(settings: Settings) -> Result:
+    base = settings.slack_api_url or DEFAULT_SLACK_API
+    if not base.endswith("/"):
+        base += "/"
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            headers = {"Authorization": f"Bearer {settings.slack_bot_token}"}
+            async with http.post(f"{base}auth.test", headers=headers) as resp:
+                auth = await resp.json(content_type=None)
+            if not auth.get("ok"):
+                return Result(
+                    False, f"auth.test failed: {auth.get('error')}", "check BUB_SLACK_BOT_TOKEN"
+                )
+            detail = f"auth.test ok in {auth.get('team')} as {auth.get('user')}"
+            if not settings.slack_app_token:
+                return Result(True, f"{detail} (HTTP events at /slack/events)")
+            headers = {"Authorization": f"Bearer {settings.slack_app_token}"}
+            async with http.post(f"{base}apps.connections.open", headers=headers) as resp:
+                opened = await resp.json(content_type=None)
+            if not opened.get("ok"):
+                return Result(
+                    False,
+                    f"{detail}, but Socket Mode failed: {opened.get('error')}",
+                    "check BUB_SLACK_APP_TOKEN (connections:write) and that Socket Mode is on",
+                )
+            async with http.ws_connect(opened["url"]) as ws:
+                hello = await ws.receive_json(timeout=10)
+            if hello.get("type") != "hello":
+                return Result(
+                    False, f"{detail}, Socket Mode said {hello.get('type')!r}", "retry in a minute"
+                )
+            return Result(True, f"{detail}, Socket Mode connection opens")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return Result(
+            False, f"cannot reach {base}: {exc}", "check BUB_SLACK_API_URL and the network"
+        )
+
+
+async def doctor(settings: Settings, out: TextIO | None = None) -> int:
+    """Run the checks in order; exit 0 only when every configured part passes."""
+    out = out or sys.stdout
+    print("ok    settings  parsed", file=out)
+    checks: list[tuple[str, Callable[[Settings], Awaitable[Result]]]] = [
+        ("storage", check_storage),
+        ("model", check_model),
+    ]
+    if settings.telegram_enabled:
+        checks.append(("telegram", check_telegram))
+    if settings.slack_enabled:
+        checks.append(("slack", check_slack))
+    scrub = RedactSecrets(secrets_of(settings)).scrub  # error texts may quote URLs with tokens
+    failed = 0
+    for name, check in checks:
+        try:
+            result = await asyncio.wait_for(check(settings), 30)
+        except TimeoutError:
+            result = Result(False, "timed out after 30 s", "check the network")
+        if result.ok:
+            print(scrub(f"ok    {name:<8}  {result.detail}"), file=out)
+        else:
+            failed += 1
+            print(scrub(f"FAIL  {name:<8}  {result.detail} — fix: {result.fix}"), file=out)
+    if not settings.telegram_enabled and not settings.slack_enabled:
+        print(
+            "note  channels  none configured (set BUB_TELEGRAM_TOKEN or BUB_SLACK_BOT_TOKEN)",
+            file=out,
+        )
+    return 1 if failed else 0
