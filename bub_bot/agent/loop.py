@@ -149,6 +149,7 @@ class Agent:
                 step -= 1  # the retry does not use up a step
                 continue
             except ModelError as exc:
+                self._notify("model_call", {"ok": False})
                 await tape.append(
                     TapeEntry.event(
                         "loop.step",
