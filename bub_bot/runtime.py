@@ -177,7 +177,8 @@ class Runtime:
         if inbound.meta:
             meta["platform"] = inbound.meta
         if command is not None:
-            entry = TapeEntry.event("command", {**command.to_json(), "text": inbound.text}, **meta)
+            data = {**command.to_json(), "text": inbound.text, "bot_names": list(inbound.bot_names)}
+            entry = TapeEntry.event("command", data, **meta)
         else:
             content: Any = inbound.text
             if inbound.images:
@@ -300,12 +301,13 @@ class Runtime:
         return True
 
     @staticmethod
-    def _covered(pending: list[TapeEntry], reply: TapeEntry) -> int:
+    def _covered(pending: list[TapeEntry], reply: TapeEntry, seen: int | None = None) -> int:
         """The newest inbound id a reply answers: a command's own id, or the messages before
-        the first command (the turn never saw what queued behind a command)."""
+        the first command (the turn never saw what queued behind a command) that the model
+        had seen (`seen`, else what the reply recorded)."""
         if reply.kind == "event" and reply.payload.get("name") == "command.done":
             return int(reply.payload["data"].get("through", 0))
-        limit = _seen_through(reply)
+        limit = seen if seen is not None else _seen_through(reply)
         through = 0
         for entry in pending:
             if entry.kind == "event" or (limit is not None and entry.id > limit):
@@ -343,9 +345,17 @@ class Runtime:
             barrier = session.barrier
             if barrier is None:
                 return entries
-            return [e for e in entries if not (e.meta.get("inbound") and e.id > barrier)]
+            # Copies made after an anchor are held back by the id of their original.
+            return [
+                e
+                for e in entries
+                if not (e.meta.get("inbound") and e.meta.get("copy_of", e.id) > barrier)
+            ]
+
+        await self._carry_into_phase(session, messages)
 
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
+        seen: int | None = None
         try:
             async with _safe(working, session.id):
                 result = await self.agent.run_turn(
@@ -368,6 +378,9 @@ class Runtime:
             self._emit("turn", channel=channel_name, outcome="error")
             reply = written[-1]
         else:
+            # Messages that arrived while the last model call was in flight are older than the
+            # reply but were never seen: they start the next turn.
+            seen = max(result.seen_through, head.id)
             reply = (
                 (await session.tape.query(after_id=result.reply_entry - 1, limit=1))[0]
                 if result.reply_entry
@@ -392,11 +405,32 @@ class Runtime:
             await self._mark_done(session, covered)
             return
         pending_now = [e for e in items if _is_pending(e) and e.id < reply.id]
-        through = self._covered(pending_now, reply)
+        through = self._covered(pending_now, reply, seen)
         source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
         await self._deliver(session, source, reply)
         await self._mark_done(session, through, reply=reply.id, turn=turn_id)
         session.barrier = None
+
+    async def _carry_into_phase(self, session: Session, messages: list[TapeEntry]) -> None:
+        """Copy this turn's messages that sit before the last anchor (they queued behind a
+        `/handoff`) to after it, so the model sees them; once, also across a restart."""
+        anchor = (await self.store.stats(session.tape.name)).last_anchor_id
+        behind = [e for e in messages if e.id < anchor]
+        if not behind:
+            return
+        after = await session.tape.query(after_id=anchor, kinds=["message"], names=["user"])
+        present = {e.meta.get("copy_of") for e in after}
+        copies = [
+            TapeEntry.message(
+                e.payload,
+                **{k: v for k, v in e.meta.items() if k != "delivery_key"},
+                copy_of=e.id,
+            )
+            for e in behind
+            if e.id not in present
+        ]
+        if copies:
+            await session.tape.append_many(copies)
 
     def _expired(self, entry: TapeEntry) -> bool:
         """Only messages from before this process started can expire (found on resume)."""
@@ -422,7 +456,9 @@ class Runtime:
     ) -> None:
         data = command.payload.get("data", {})
         name = data.get("name", "")
-        parsed = commands.parse(data.get("text", ""), (), strict_target=False)
+        # Parse as `receive` did: a leading mention (`@bot /status`) is stripped again.
+        names = tuple(data.get("bot_names") or ())
+        parsed = commands.parse(data.get("text", ""), names, strict_target=False)
         if self._expired(command):
             await self._expire(session, [command])
             return
@@ -433,8 +469,7 @@ class Runtime:
             await self._command_reply(session, command, text, ok=False)
             return
         if parsed.name == "reset":
-            carry = [e for e in later if e.meta.get("inbound")]
-            archived = await tape.reset(archive=True, carry=carry)
+            archived = await tape.reset(archive=True, carry_inbound_after=command.id)
             session.cursor = 0
             self._emit("command", name="reset")
             # The command and its reply target live on the archived tape now; reply directly.

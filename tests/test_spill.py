@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from bub_bot.agent import ToolContext, ToolError, default_registry
-from bub_bot.agent.spill import CHUNK_BYTES
 from bub_bot.tape import Tape, TapeEntry
 from tests.fakes.openai_server import text, tool_calls
 
+CHUNK_BYTES = 16 * 1024  # DESIGN.md: chunks of at most 16 KiB of UTF-8
 USER = {"role": "user", "content": "run the big tool"}
 PIECES = [
     "plain ascii text ",

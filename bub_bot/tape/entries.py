@@ -104,6 +104,13 @@ class TapeEntry:
 def dumps(value: Any, what: str) -> str:
     """Serialise a payload or meta dict, failing with a clear error when it is not JSON."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"entry {what} is not JSON-serialisable: {exc}") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (undecodable file names, broken JSON escapes) cannot be stored as
+        # UTF-8; ASCII escapes keep them exactly and still round-trip through json.loads.
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text

@@ -254,12 +254,15 @@ class SQLiteTapeStore:
         *,
         archive: bool = True,
         first: Callable[[str | None], Sequence[TapeEntry]] | None = None,
+        carry_inbound_after: int | None = None,
     ) -> str | None:
         """Clear `tape` and its sidecars in one transaction; returns the archive name.
 
         With `archive` the tape and its sidecars move under a fresh archive name (nothing is
         deleted); without it they are deleted. `first(archive_name)` gives the entries the
-        fresh tape starts with (written in the same transaction).
+        fresh tape starts with (written in the same transaction). `carry_inbound_after`:
+        inbound entries (meta.inbound) after this id move to the fresh tape too, read inside
+        the transaction so a message that arrives during the reset cannot vanish.
         """
         archived = archive_name(tape) if archive else None
         rows = []
@@ -267,7 +270,7 @@ class SQLiteTapeStore:
             rows.append(
                 (e.kind, e.name, dumps(e.payload, "payload"), dumps(e.meta, "meta"), e.date)
             )
-        await self._run(_reset, tape, archived, rows, utc_now())
+        await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
         return archived
 
     async def archive(self, tape: str) -> str:
@@ -475,11 +478,27 @@ def _family(conn: sqlite3.Connection, tape: str) -> list[tuple[int, str]]:
 
 
 def _reset(
-    conn: sqlite3.Connection, tape: str, archived: str | None, rows: list[tuple], now: str
+    conn: sqlite3.Connection,
+    tape: str,
+    archived: str | None,
+    rows: list[tuple],
+    carry_after: int | None,
+    now: str,
 ) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
-        session = conn.execute("SELECT session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
+        session = conn.execute(
+            "SELECT id, session_id FROM tapes WHERE name = ?", (tape,)
+        ).fetchone()
+        if carry_after is not None and session is not None:
+            rows = (
+                rows
+                + conn.execute(
+                    "SELECT kind, name, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
+                    " AND json_extract(meta, '$.inbound') = 1 ORDER BY id",
+                    (session[0], carry_after),
+                ).fetchall()
+            )
         for row_id, name in _family(conn, tape):
             if archived is not None:
                 # Renaming the tape row moves all its entries at once: archive is O(1).
@@ -490,7 +509,7 @@ def _reset(
             else:
                 conn.execute("DELETE FROM entries WHERE tape = ?", (row_id,))
                 conn.execute("DELETE FROM tapes WHERE id = ?", (row_id,))
-        tape_id, *_ = _tape_row(conn, tape, session[0] if session else None, now)
+        tape_id, *_ = _tape_row(conn, tape, session[1] if session else None, now)
         if rows:
             ids = range(1, len(rows) + 1)
             conn.executemany(

@@ -102,11 +102,18 @@ class Tape:
         )
         return written[0] if written else None
 
-    async def reset(self, archive: bool = True, *, carry: Sequence[TapeEntry] = ()) -> str | None:
+    async def reset(
+        self,
+        archive: bool = True,
+        *,
+        carry: Sequence[TapeEntry] = (),
+        carry_inbound_after: int | None = None,
+    ) -> str | None:
         """Archive (by default) and clear the tape and its sidecars, then write `session/start`.
 
-        One transaction. `carry` entries are re-written after the new anchor (inbound messages
-        that arrived after the command and must not vanish into the archive).
+        One transaction. `carry` entries are re-written after the new anchor; with
+        `carry_inbound_after`, inbound messages after that id follow them (messages queued
+        behind a /reset must not vanish into the archive).
         """
 
         def first(archived: str | None) -> list[TapeEntry]:
@@ -116,7 +123,9 @@ class Tape:
             carried = [TapeEntry(e.kind, e.payload, e.meta, e.date) for e in carry]
             return [TapeEntry.anchor(BOOTSTRAP_ANCHOR, state), *carried]
 
-        return await self.store.reset(self.name, archive=archive, first=first)
+        return await self.store.reset(
+            self.name, archive=archive, first=first, carry_inbound_after=carry_inbound_after
+        )
 
     # -- reads --------------------------------------------------------------------------------
     async def query(self, **filters: Any) -> list[TapeEntry]:
