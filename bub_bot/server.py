@@ -15,7 +15,7 @@ from aiohttp import web
 from channels.base import Channel
 
 from .agent import Agent, ModelClient, default_registry
-from .config import Settings
+from .config import ConfigError, Settings
 from .runtime import Runtime
 from .tape import SQLiteTapeStore
 
@@ -180,9 +180,11 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
-    except Exception:
+    except Exception as exc:
+        # A channel that cannot start (bad token, unreachable API) is one line, not a trace.
+        log.error("start failed: %s", exc)
         await server.stop()
-        raise
+        return 2 if isinstance(exc, ConfigError) else 1
     await stop.wait()
     log.info("shutdown requested")
     await server.stop()

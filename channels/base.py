@@ -35,7 +35,8 @@ class Inbound:
     channel: str
     session_id: str
     delivery_key: str
-    """The platform's delivery id (Telegram update_id, Slack event_id); unique forever."""
+    """The platform's id for this message, unique forever within the channel (Telegram
+    `<chat_id>:<message_id>`, Slack `event_id`): re-deliveries are recognised by it."""
     message_id: str
     sender: Sender
     text: str

@@ -1,0 +1,734 @@
+"""Telegram (aiogram 3): long polling or a webhook, groups and forum topics, safe delivery.
+
+Inbound: an update becomes an `Inbound` and is handed to `runtime.receive`; only after that
+returned is Telegram acknowledged (the next `getUpdates` offset, or the webhook's 200). The
+polling loop is our own rather than aiogram's Dispatcher, because the Dispatcher confirms an
+offset before its handlers finish. Re-deliveries are recognised by `<chat_id>:<message_id>`
+(update ids restart after long gaps and webhook switches; message ids never repeat in a chat).
+
+Outbound: the model's Markdown becomes Telegram HTML (`telegram_format`), cut at 4096 UTF-16
+units. A piece Telegram cannot parse is re-sent as its original Markdown; a 429 waits and
+re-sends only that piece; a connection lost after the request may have reached Telegram is
+reported as `DeliveryUnknown` and never re-sent blindly (aiogram itself never retries).
+
+The token is part of every Bot API URL, so nothing here logs URLs or raw aiohttp errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import mimetypes
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+from aiogram import Bot
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.exceptions import (
+    AiogramError,
+    TelegramAPIError,
+    TelegramBadRequest,
+    TelegramConflictError,
+    TelegramEntityTooLarge,
+    TelegramMigrateToChat,
+    TelegramNetworkError,
+    TelegramRetryAfter,
+    TelegramServerError,
+    TelegramUnauthorizedError,
+)
+from aiogram.types import BotCommand, Message, PhotoSize, ReplyParameters, Update
+from aiohttp import web
+from pydantic import ValidationError
+
+from bub_bot import commands
+from bub_bot.config import ConfigError, Settings
+
+from .base import DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .telegram_format import LIMIT, html_to_text, split_markdown
+
+log = logging.getLogger("channels.telegram")
+
+ALLOWED_UPDATES = ["message"]
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+GENERAL_TOPIC = 1
+_SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+HINT_INTERVAL = 3600.0
+QUOTE_CHARS = 500
+MAX_SEND_ATTEMPTS = 8
+MAX_RETRY_AFTER = 300
+NOT_ALLOWED = (
+    "Sorry, I only talk to people I have been told about. Your Telegram user id is {id}."
+    " Ask whoever runs this bot to add it to BUB_TELEGRAM_ALLOW_USERS."
+)
+
+
+class TelegramChannel:
+    """The Telegram channel. `poll_timeout`, `retry_base` and `typing_interval` are seconds."""
+
+    name = "telegram"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        poll_timeout: int = 30,
+        retry_base: float = 1.0,
+        typing_interval: float = 4.0,
+    ) -> None:
+        if not settings.telegram_token:
+            raise ConfigError("BUB_TELEGRAM_TOKEN is not set")
+        self.settings = settings
+        self.poll_timeout = poll_timeout
+        self.retry_base = retry_base
+        self.typing_interval = typing_interval
+        self.webhook_url = settings.telegram_webhook_url or None
+        self.webhook_path = (urlparse(self.webhook_url).path or "/") if self.webhook_url else None
+        if self.webhook_url and not _SECRET_RE.match(settings.telegram_webhook_secret or ""):
+            raise ConfigError(
+                "BUB_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Za-z0-9_- in webhook mode"
+            )
+        self.username = ""
+        self.bot_id = 0
+        self._token = settings.telegram_token
+        self._bot: Bot | None = None
+        self._runtime: RuntimeLike | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._stopped = False
+        self._inflight = 0
+        self._closing: asyncio.Future[None] | None = None
+        self._offset: int | None = None
+        self._migrated: dict[int, int] = {}
+        self._hinted: dict[int, float] = {}
+        self._sources: OrderedDict[str, str] = OrderedDict()
+        self._allow_users, self._allow_user_names, self._all_users = _allow_list(
+            settings.telegram_allow_users
+        )
+        self._allow_chats, self._allow_chat_names, self._all_chats = _allow_list(
+            settings.telegram_allow_chats
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self, runtime: RuntimeLike) -> None:
+        self._runtime = runtime
+        base = self.settings.telegram_api_base
+        session = (
+            AiohttpSession(api=TelegramAPIServer.from_base(base)) if base else AiohttpSession()
+        )
+        self._bot = Bot(self._token, session=session)
+        where = base or "https://api.telegram.org"
+        try:
+            me = await self._bot.get_me()
+        except TelegramUnauthorizedError:
+            raise ConfigError(
+                "BUB_TELEGRAM_TOKEN was rejected by the Bot API (401 Unauthorized)"
+            ) from None
+        except (TelegramAPIError, AiogramError) as exc:
+            raise ConnectionError(
+                f"cannot reach the Telegram Bot API at {where}: {self._scrub(exc)}"
+            ) from None
+        self.username, self.bot_id = me.username or "", me.id
+        await self._register_commands()
+        if self.webhook_url:
+            try:
+                await self._bot.set_webhook(
+                    self.webhook_url,
+                    secret_token=self.settings.telegram_webhook_secret,
+                    allowed_updates=ALLOWED_UPDATES,
+                    drop_pending_updates=False,
+                )
+            except TelegramBadRequest as exc:
+                raise ConfigError(
+                    f"BUB_TELEGRAM_WEBHOOK_URL: Telegram refused the webhook: {exc.message}"
+                ) from None
+            log.info(
+                "telegram.started mode=webhook bot=@%s path=%s", self.username, self.webhook_path
+            )
+        else:
+            # A webhook left over from webhook mode would make getUpdates fail; keep its backlog.
+            await self._bot.delete_webhook(drop_pending_updates=False)
+            self._poller = asyncio.create_task(self._poll_loop(), name="telegram-poll")
+            log.info("telegram.started mode=polling bot=@%s", self.username)
+
+    async def stop(self) -> None:
+        """Stop receiving. Sends still work (the runtime may finish running turns); the HTTP
+        session is closed whenever no request is in flight."""
+        self._stopping.set()
+        if self._poller is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._poller), 15)
+            except TimeoutError:
+                self._poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poller
+            except Exception:
+                log.exception("telegram.poll loop failed")
+            self._poller = None
+            await self._confirm_offset()
+        self._stopped = True
+        if self._inflight == 0:
+            await self._close_session()
+
+    def routes(self) -> list[tuple[str, str, Callable[..., Awaitable[Any]]]]:
+        if self.webhook_path is None:
+            return []
+        return [("POST", self.webhook_path, self._webhook)]
+
+    async def _register_commands(self) -> None:
+        assert self._bot is not None
+        menu = [
+            BotCommand(command=name, description=_describe(usage))
+            for name, usage in commands.USAGE.items()
+        ]
+        try:
+            await self._bot.set_my_commands(menu)
+        except (TelegramAPIError, AiogramError) as exc:
+            log.warning("telegram.set_my_commands failed: %s", self._scrub(exc))
+
+    @contextlib.asynccontextmanager
+    async def _api(self) -> AsyncIterator[Bot]:
+        """Use the bot for one request; after `stop()` the session closes when the last ends."""
+        if self._bot is None:
+            raise DeliveryError("the Telegram channel is not started")
+        if self._closing is not None and not self._closing.done():
+            await asyncio.shield(self._closing)  # a fresh HTTP session opens after it
+        self._inflight += 1
+        try:
+            yield self._bot
+        finally:
+            self._inflight -= 1
+            if self._stopped and self._inflight == 0:
+                await self._close_session()
+
+    async def _close_session(self) -> None:
+        if self._bot is None:
+            return
+        if self._closing is None or self._closing.done():
+            self._closing = asyncio.ensure_future(self._bot.session.close())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._closing)
+
+    # -- polling -------------------------------------------------------------------------------
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep unless stopping; True when stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    async def _get_updates(self) -> list[Update] | None:
+        """One long poll; None when `stop()` interrupted it."""
+        assert self._bot is not None
+        poll = asyncio.ensure_future(
+            self._bot.get_updates(
+                offset=self._offset,
+                timeout=self.poll_timeout,
+                allowed_updates=ALLOWED_UPDATES,
+                request_timeout=self.poll_timeout + 15,
+            )
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not poll.done():
+            poll.cancel()
+            with contextlib.suppress(BaseException):
+                await poll
+            return None
+        return poll.result()
+
+    async def _poll_loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            delay = min(self.retry_base * 2**failures, 30.0)
+            try:
+                updates = await self._get_updates()
+            except TelegramConflictError as exc:
+                failures += 1
+                log.warning(
+                    "telegram.poll conflict (another instance polling, or a webhook is set);"
+                    " retrying in %.1fs: %s",
+                    delay,
+                    exc.message,
+                )
+                await self._wait(delay)
+                continue
+            except TelegramRetryAfter as exc:
+                log.warning("telegram.poll flood control: waiting %ss", exc.retry_after)
+                await self._wait(exc.retry_after)
+                continue
+            except TelegramUnauthorizedError:
+                failures += 1
+                log.error("telegram.poll the Bot API rejects BUB_TELEGRAM_TOKEN (401); retrying")
+                await self._wait(max(delay, 30.0))
+                continue
+            except Exception as exc:
+                failures += 1
+                log.warning("telegram.poll failed; retrying in %.1fs: %s", delay, self._scrub(exc))
+                await self._wait(delay)
+                continue
+            if updates is None:
+                return
+            failures = 0
+            for update in updates:
+                if self._offset is not None and update.update_id < self._offset:
+                    continue
+                while True:
+                    try:
+                        await self._handle(update)
+                        break
+                    except Exception as exc:
+                        # Not stored: do not confirm it; try again (the store may recover).
+                        failures += 1
+                        delay = min(self.retry_base * 2**failures, 30.0)
+                        log.error(
+                            "telegram.receive failed update=%d; retrying in %.1fs: %s",
+                            update.update_id,
+                            delay,
+                            self._scrub(exc),
+                        )
+                        if await self._wait(delay):
+                            return
+                failures = 0
+                self._offset = update.update_id + 1
+
+    async def _confirm_offset(self) -> None:
+        """Tell Telegram about the updates handled since the last poll (saves re-deliveries)."""
+        if self._offset is None or self._bot is None:
+            return
+        with contextlib.suppress(Exception):
+            await self._bot.get_updates(
+                offset=self._offset, limit=1, timeout=0, allowed_updates=ALLOWED_UPDATES,
+                request_timeout=5,
+            )  # fmt: skip
+
+    # -- webhook -------------------------------------------------------------------------------
+    async def _webhook(self, request: web.Request) -> web.StreamResponse:
+        expected = (self.settings.telegram_webhook_secret or "").encode()
+        given = request.headers.get(SECRET_HEADER, "").encode()
+        if not expected or not hmac.compare_digest(given, expected):
+            log.warning("telegram.webhook rejected: wrong or missing secret token")
+            return web.Response(status=401, text="unauthorized")
+        if self._runtime is None or self._bot is None or self._stopping.is_set():
+            return web.Response(status=503, text="not ready")
+        try:
+            data = json.loads(await request.text())
+        except (ValueError, UnicodeDecodeError):
+            return web.Response(status=400, text="malformed JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+            return web.Response(status=400, text="not a Telegram update")
+        try:
+            update = Update.model_validate(data, context={"bot": self._bot})
+        except ValidationError as exc:
+            # Well-formed but unreadable for us: retrying would not help.
+            log.warning("telegram.webhook unreadable update=%s: %s", data["update_id"], exc)
+            return web.Response(status=200)
+        try:
+            await self._handle(update)
+        except Exception as exc:
+            log.error("telegram.receive failed update=%d: %s", update.update_id, self._scrub(exc))
+            return web.Response(status=500, text="not stored; retry")
+        # An empty body: a JSON body would be read by Telegram as a method call.
+        return web.Response(status=200)
+
+    # -- inbound -------------------------------------------------------------------------------
+    async def _handle(self, update: Update) -> None:
+        """Store one update's message (if it is for us); raises only when storing failed."""
+        message = update.message
+        if message is None or self._runtime is None:
+            return  # edited messages, channel posts, anything else we did not subscribe to
+        try:
+            inbound = await self._inbound(message, update.update_id)
+        except Exception:
+            log.exception("telegram.update_skipped update=%d", update.update_id)
+            return
+        if inbound is not None:
+            await self._runtime.receive(inbound)
+
+    def _is_allowed(self, message: Message) -> bool:
+        user, chat = message.from_user, message.chat
+        if self._all_users or self._all_chats:
+            return True
+        if user is not None and (
+            user.id in self._allow_users
+            or (user.username or "").lower() in self._allow_user_names - {""}
+        ):
+            return True
+        return chat.id in self._allow_chats or (
+            (chat.username or "").lower() in self._allow_chat_names - {""}
+        )
+
+    def _addressed(self, message: Message) -> bool:
+        """In a group: a mention of us, a reply to us, or a command meant for us."""
+        text = message.text or message.caption or ""
+        me = self.username.lower()
+        for entity in message.entities or message.caption_entities or []:
+            if entity.type == "mention" and entity.extract_from(text).lower() == f"@{me}":
+                return True
+            if entity.type == "text_mention" and entity.user and entity.user.id == self.bot_id:
+                return True
+            if entity.type == "bot_command":
+                name, _, target = entity.extract_from(text)[1:].partition("@")
+                if target.lower() == me:
+                    return True
+                if not target and entity.offset == 0 and name.lower() in commands.COMMANDS:
+                    return True  # "/status" without a bot name is for every bot in the chat
+        reply = message.reply_to_message
+        # In forum topics every message "replies" to the topic's creation message.
+        return bool(
+            reply is not None
+            and reply.from_user is not None
+            and reply.from_user.id == self.bot_id
+            and reply.forum_topic_created is None
+        )
+
+    async def _inbound(self, message: Message, update_id: int) -> Inbound | None:
+        chat, user = message.chat, message.from_user
+        if message.migrate_to_chat_id:
+            self._migrated[chat.id] = message.migrate_to_chat_id
+            log.info("telegram.chat_migrated from=%d to=%d", chat.id, message.migrate_to_chat_id)
+            return None
+        if chat.type not in ("private", "group", "supergroup") or user is None or user.is_bot:
+            return None
+        if message.is_automatic_forward or not _has_content(message):
+            return None  # service messages (joins, pins, topic events) and channel forwards
+        if chat.type != "private" and not self._addressed(message):
+            return None
+        if not self._is_allowed(message):
+            if chat.type == "private":
+                await self._hint(user.id)
+            else:
+                log.info("telegram.ignored unauthorised user=%d chat=%d", user.id, chat.id)
+            return None
+        bot_names = (f"@{self.username}",) if self.username else ()
+        body, images = await self._content(message)
+        text = body
+        if commands.parse(body, bot_names) is None:
+            context = self._reply_context(message)
+            if context:
+                text = f"{context}\n{body}" if body else context
+        thread = message.message_thread_id if message.is_topic_message else None
+        if thread == GENERAL_TOPIC:
+            thread = None  # the General topic: sendMessage rejects message_thread_id=1
+        session = f"telegram:{chat.id}" + (f":{thread}" if thread else "")
+        return Inbound(
+            channel=self.name,
+            session_id=session,
+            delivery_key=f"{chat.id}:{message.message_id}",
+            message_id=str(message.message_id),
+            sender=Sender(
+                id=str(user.id), name=user.full_name, username=user.username, is_bot=user.is_bot
+            ),
+            text=text,
+            reply_target={
+                "chat_id": chat.id,
+                "message_id": message.message_id,
+                "thread_id": thread,
+                "chat_type": chat.type,
+            },
+            images=tuple(images),
+            bot_names=bot_names,
+            meta={"update_id": update_id, "chat_type": chat.type, "thread_id": thread},
+        )
+
+    async def _hint(self, user_id: int) -> None:
+        """Tell an unknown private user their id, at most once an hour (nothing is stored)."""
+        now = time.monotonic()
+        last = self._hinted.get(user_id)
+        if last is not None and now - last < HINT_INTERVAL:
+            return
+        if len(self._hinted) > 10_000:
+            self._hinted = {u: t for u, t in self._hinted.items() if now - t < HINT_INTERVAL}
+        self._hinted[user_id] = now
+        log.info("telegram.unauthorised user=%d (sent the id hint)", user_id)
+        try:
+            async with self._api() as bot:
+                await bot.send_message(user_id, NOT_ALLOWED.format(id=user_id))
+        except (TelegramAPIError, AiogramError, DeliveryError) as exc:
+            log.warning("telegram.hint failed user=%d: %s", user_id, self._scrub(exc))
+
+    def _reply_context(self, message: Message) -> str:
+        """The message replied to (or the quoted part of it), as context for the model."""
+        reply = message.reply_to_message
+        if reply is not None and reply.forum_topic_created is not None:
+            reply = None
+        quoted = message.quote.text if message.quote else ""
+        if not quoted and reply is not None:
+            quoted = reply.text or reply.caption or _placeholder(reply) or ""
+        if not quoted:
+            return ""
+        who = "someone"
+        origin = reply.from_user if reply is not None else None
+        if origin is not None:
+            who = "you" if origin.id == self.bot_id else origin.full_name
+        if len(quoted) > QUOTE_CHARS:
+            quoted = quoted[:QUOTE_CHARS] + "…"
+        return f"[In reply to {who}: {quoted}]"
+
+    async def _content(self, message: Message) -> tuple[str, list[str]]:
+        """The message's text (caption) with a placeholder for media; photos as data URLs."""
+        caption = message.text or message.caption or ""
+        images: list[str] = []
+        note = ""
+        if message.photo:
+            url, note = await self._photo(message.photo)
+            if url:
+                images.append(url)
+        elif (
+            self.settings.telegram_max_image_bytes > 0
+            and message.document
+            and (message.document.mime_type or "").startswith("image/")
+            and (message.document.file_size or 0) <= self.settings.telegram_max_image_bytes
+        ):
+            url = await self._download(message.document.file_id, message.document.mime_type)
+            if url:
+                images.append(url)
+            else:
+                note = _placeholder(message) or ""
+        else:
+            note = _placeholder(message) or ""
+        return "\n".join(p for p in (note, caption) if p), images
+
+    async def _photo(self, sizes: list[PhotoSize]) -> tuple[str | None, str]:
+        cap = self.settings.telegram_max_image_bytes
+        if cap <= 0:
+            return None, "[photo]"
+        ordered = sorted(sizes, key=lambda p: p.width * p.height, reverse=True)
+        fitting = [p for p in ordered if p.file_size is None or p.file_size <= cap]
+        for size in fitting:
+            url = await self._download(size.file_id, None)
+            if url:
+                return url, ""
+        largest = ordered[0].file_size if ordered else None
+        if not fitting and largest:
+            return None, f"[photo, too large to show: {_bytes(largest)}]"
+        return None, "[photo that could not be downloaded]"
+
+    async def _download(self, file_id: str, mime: str | None) -> str | None:
+        """A file as a `data:` URL, or None if it is over the cap or cannot be fetched."""
+        cap = self.settings.telegram_max_image_bytes
+        try:
+            async with self._api() as bot:
+                info = await bot.get_file(file_id)
+                if not info.file_path or (info.file_size or 0) > cap:
+                    return None
+                stream = await bot.download_file(info.file_path, timeout=30)
+        except (TelegramAPIError, AiogramError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("telegram.download failed: %s", self._scrub(exc))
+            return None
+        data = stream.read() if stream is not None else b""
+        if not data or len(data) > cap:
+            return None
+        kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
+        return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+    # -- outbound ------------------------------------------------------------------------------
+    def split(self, text: str) -> list[str]:
+        pieces = split_markdown(text, LIMIT)
+        for piece in pieces:
+            self._sources[piece.html] = piece.markdown
+            self._sources.move_to_end(piece.html)
+        while len(self._sources) > 512:
+            self._sources.popitem(last=False)
+        return [p.html for p in pieces]
+
+    def _plain(self, piece: str) -> str:
+        """The Markdown a piece came from (sent as plain text when Telegram rejects the HTML)."""
+        return self._sources.get(piece) or html_to_text(piece)
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        chat_id = self._route(int(target["chat_id"]))
+        thread = target.get("thread_id")
+        thread = None if thread in (None, GENERAL_TOPIC) else int(thread)
+        reply_to = target.get("message_id")
+        text, mode = piece, "HTML"
+        for attempt in range(1, MAX_SEND_ATTEMPTS + 1):
+            kwargs: dict[str, Any] = {}
+            if reply_to:
+                kwargs["reply_parameters"] = ReplyParameters(
+                    message_id=int(reply_to), allow_sending_without_reply=True
+                )
+            if thread:
+                kwargs["message_thread_id"] = thread
+            try:
+                async with self._api() as bot:
+                    sent = await bot.send_message(chat_id, text, parse_mode=mode, **kwargs)
+                return [str(sent.message_id)]
+            except TelegramRetryAfter as exc:
+                if exc.retry_after > MAX_RETRY_AFTER:
+                    raise DeliveryError(f"flood control: retry after {exc.retry_after}s") from None
+                log.warning(
+                    "telegram.send flood control chat=%d: waiting %ss", chat_id, exc.retry_after
+                )
+                await asyncio.sleep(exc.retry_after)
+            except TelegramMigrateToChat as exc:
+                log.info("telegram.chat_migrated from=%d to=%d", chat_id, exc.migrate_to_chat_id)
+                self._migrated[chat_id] = exc.migrate_to_chat_id
+                chat_id = exc.migrate_to_chat_id
+            except TelegramBadRequest as exc:
+                desc = exc.message.lower()
+                if "can't parse entities" in desc and mode is not None:
+                    log.warning("telegram.send HTML refused, sending plain text: %s", exc.message)
+                    text, mode = self._plain(piece), None
+                elif "message is not modified" in desc:
+                    return []
+                elif "thread not found" in desc and thread:
+                    thread = None  # the topic is gone: post in the chat instead
+                elif "replied not found" in desc or "to be replied not found" in desc:
+                    reply_to = None
+                else:
+                    raise DeliveryError(self._scrub(exc)) from None
+            except TelegramEntityTooLarge as exc:
+                raise DeliveryError(self._scrub(exc)) from None
+            except TelegramNetworkError as exc:
+                if isinstance(exc.__cause__, aiohttp.ClientConnectorError) and attempt < 4:
+                    # The connection was never made, so Telegram cannot have the message.
+                    await asyncio.sleep(self.retry_base * attempt)
+                    continue
+                raise DeliveryUnknown(self._scrub(exc)) from None
+            except TelegramServerError as exc:
+                raise DeliveryUnknown(self._scrub(exc)) from None
+            except (TelegramAPIError, AiogramError) as exc:
+                raise DeliveryError(self._scrub(exc)) from None
+        raise DeliveryError(f"gave up after {MAX_SEND_ATTEMPTS} attempts")
+
+    def _route(self, chat_id: int) -> int:
+        seen = {chat_id}
+        while chat_id in self._migrated:
+            chat_id = self._migrated[chat_id]
+            if chat_id in seen:
+                break
+            seen.add(chat_id)
+        return chat_id
+
+    @contextlib.asynccontextmanager
+    async def working(self, target: dict[str, Any]) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._typing(target), name="telegram-typing")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _typing(self, target: dict[str, Any]) -> None:
+        thread = target.get("thread_id")
+        warned = False
+        while True:
+            wait = self.typing_interval
+            try:
+                chat_id = self._route(int(target["chat_id"]))
+                async with self._api() as bot:
+                    await bot.send_chat_action(
+                        chat_id, "typing", message_thread_id=int(thread) if thread else None
+                    )
+            except asyncio.CancelledError:
+                raise
+            except TelegramRetryAfter as exc:
+                wait = max(wait, float(exc.retry_after))
+            except Exception as exc:
+                if not warned:
+                    log.warning("telegram.typing failed: %s", self._scrub(exc))
+                    warned = True
+            await asyncio.sleep(wait)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _scrub(self, exc: BaseException | str) -> str:
+        """An error message without the token (aiohttp errors can contain request URLs)."""
+        text = str(exc)
+        token = self._token or ""
+        for secret in (token, token.partition(":")[2]):
+            if len(secret) >= 6:
+                text = text.replace(secret, "[token]")
+        return text
+
+
+def _allow_list(entries: list[str]) -> tuple[set[int], set[str], bool]:
+    """(ids, lower-case usernames, everyone) from a comma list setting."""
+    ids: set[int] = set()
+    names: set[str] = set()
+    everyone = False
+    for raw in entries:
+        entry = raw.strip()
+        if entry == "*":
+            everyone = True
+        elif entry.lstrip("-").isdigit():
+            ids.add(int(entry))
+        elif entry:
+            names.add(entry.lstrip("@").lower())
+    return ids, names, everyone
+
+
+def _describe(usage: str) -> str:
+    """The menu text of a command from its usage line ("/x — does y" -> "does y")."""
+    _, _, text = usage.partition(" — ")
+    return (text or usage)[:256]
+
+
+def _has_content(message: Message) -> bool:
+    return bool(message.text or message.caption or message.photo or _placeholder(message))
+
+
+def _bytes(size: int | None) -> str:
+    if not size:
+        return ""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.0f} KB"
+    return f"{size / 1024 / 1024:.1f} MB"
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _placeholder(message: Message) -> str | None:
+    """A short description of a non-text message so the model knows what was sent."""
+
+    def fmt(kind: str, *details: str | None) -> str:
+        parts = [d for d in details if d]
+        return f"[{kind}: {', '.join(parts)}]" if parts else f"[{kind}]"
+
+    if message.photo:
+        return "[photo]"
+    if message.voice:
+        v = message.voice
+        return fmt("voice message", _duration(v.duration), _bytes(v.file_size))
+    if message.video_note:
+        v = message.video_note
+        return fmt("round video message", _duration(v.duration), _bytes(v.file_size))
+    if message.video:
+        v = message.video
+        return fmt("video", v.file_name, _duration(v.duration), _bytes(v.file_size))
+    if message.animation:
+        a = message.animation
+        return fmt("animation", a.file_name, _duration(a.duration), _bytes(a.file_size))
+    if message.audio:
+        a = message.audio
+        title = " - ".join(p for p in (a.performer, a.title) if p) or a.file_name
+        return fmt("audio", title, _duration(a.duration), _bytes(a.file_size))
+    if message.document:
+        d = message.document
+        return fmt("document", d.file_name, d.mime_type, _bytes(d.file_size))
+    if message.sticker:
+        return fmt("sticker", message.sticker.emoji)
+    if message.location:
+        loc = message.location
+        return fmt("location", f"{loc.latitude:.5f}, {loc.longitude:.5f}")
+    if message.poll:
+        return fmt("poll", message.poll.question)
+    return None
