@@ -324,7 +324,11 @@ async def test_custom_selector_replaces_the_default(tape):
 
 async def test_selector_does_not_mutate_entries(tape):
     await tape.append_many(
-        [assistant("thinking"), TapeEntry.tool_call([call("c")]), TapeEntry.tool_result([result("c", "r")])]
+        [
+            assistant("thinking"),
+            TapeEntry.tool_call([call("c")]),
+            TapeEntry.tool_result([result("c", "r")]),
+        ]
     )
     entries = await tape.read_entries()
     first = default_selector(entries)

@@ -49,11 +49,12 @@ async def run_and_kill(db: Path, rng: random.Random) -> int:
             proc.send_signal(signal.SIGKILL)
         # Drain whatever it printed before dying: those resets were committed.
         rest = await proc.stdout.read()
+        err = await proc.stderr.read()
         await proc.wait()
     for line in rest.splitlines():
         if line.startswith(b"reset "):
             printed = int(line.split()[1])
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, err.decode()
     return printed
 
 

@@ -449,7 +449,9 @@ async def test_reset_archives_tape_and_sidecar(store):
     await tape.ensure_bootstrap_anchor()
     await tape.append_message({"role": "user", "content": "before reset"})
     await tape.sidecar("spill").append(TapeEntry.anchor("spill/h/chunk/0"))
-    await tape.sidecar("spill").append(TapeEntry.tool_result([{"tool_call_id": "c", "content": "x"}]))
+    await tape.sidecar("spill").append(
+        TapeEntry.tool_result([{"tool_call_id": "c", "content": "x"}])
+    )
     await other.append_message({"role": "user", "content": "unrelated"})
     old = await all_entries(store, "t")
     old_side = await all_entries(store, sidecar_name("t", "spill"))
@@ -571,6 +573,16 @@ async def test_open_reopens_existing_data(tmp_path):
         raw.close()
 
 
+async def open_error(path) -> TapeStoreError:
+    """The TapeStoreError opening `path` raises (closing the store if it opened after all)."""
+    try:
+        opened = await SQLiteTapeStore.open(path)
+    except TapeStoreError as exc:
+        return exc
+    await opened.close()
+    raise AssertionError(f"opening {path} should have failed")
+
+
 def assert_one_line_naming(exc: TapeStoreError, path, *causes: str) -> None:
     text = str(exc)
     assert "\n" not in text
@@ -582,9 +594,8 @@ async def test_open_under_a_regular_file_fails_clearly(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("I am a file, not a directory")
     path = afile / "db.sqlite"
-    with pytest.raises(TapeStoreError) as info:
-        await SQLiteTapeStore.open(path)
-    assert_one_line_naming(info.value, path, "exists", "not a directory")
+    error = await open_error(path)
+    assert_one_line_naming(error, path, "exists", "not a directory")
     assert afile.read_text() == "I am a file, not a directory"
 
 
@@ -597,9 +608,8 @@ async def test_open_in_unwritable_directory_fails_clearly(tmp_path):
     locked.chmod(0o500)
     try:
         path = locked / "tapes.db"
-        with pytest.raises(TapeStoreError) as info:
-            await SQLiteTapeStore.open(path)
-        assert_one_line_naming(info.value, path, "unable to open", "readonly", "permission")
+        error = await open_error(path)
+        assert_one_line_naming(error, path, "unable to open", "readonly", "permission")
     finally:
         locked.chmod(0o700)
 
@@ -608,9 +618,8 @@ async def test_open_non_sqlite_file_fails_clearly_and_changes_nothing(tmp_path):
     path = tmp_path / "notes.db"
     garbage = b"this is a text file, certainly not SQLite\n" * 200
     path.write_bytes(garbage)
-    with pytest.raises(TapeStoreError) as info:
-        await SQLiteTapeStore.open(path)
-    assert_one_line_naming(info.value, path, "not a database")
+    error = await open_error(path)
+    assert_one_line_naming(error, path, "not a database")
     assert path.read_bytes() == garbage
 
 
@@ -623,9 +632,8 @@ async def test_open_corrupt_sqlite_file_fails_clearly(tmp_path, where):
     lo, hi = where
     data[lo:hi] = b"\xa5" * (hi - lo)
     path.write_bytes(bytes(data))
-    with pytest.raises(TapeStoreError) as info:
-        await SQLiteTapeStore.open(path)
-    assert_one_line_naming(info.value, path, "not a database", "malformed", "corrupt")
+    error = await open_error(path)
+    assert_one_line_naming(error, path, "not a database", "malformed", "corrupt")
 
 
 async def test_open_newer_schema_fails_clearly(tmp_path):
@@ -635,10 +643,9 @@ async def test_open_newer_schema_fails_clearly(tmp_path):
     raw.execute("CREATE TABLE future (x)")
     raw.commit()
     raw.close()
-    with pytest.raises(TapeStoreError) as info:
-        await SQLiteTapeStore.open(path)
-    assert_one_line_naming(info.value, path, "newer")
-    assert f"schema version {SCHEMA_VERSION + 1}" in str(info.value)
+    error = await open_error(path)
+    assert_one_line_naming(error, path, "newer")
+    assert f"schema version {SCHEMA_VERSION + 1}" in str(error)
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
