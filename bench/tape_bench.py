@@ -109,8 +109,9 @@ def rss_kb() -> tuple[int, int]:
 
 # -- floor: the same reads through plain sqlite3 ------------------------------------------------
 def floor_read(conn: Any, tape: str) -> list[Any]:
-    tape_id, last_anchor = conn.execute(
-        "SELECT id, last_anchor FROM tapes WHERE name = ?", (tape,)
+    (tape_id,) = conn.execute("SELECT id FROM tapes WHERE name = ?", (tape,)).fetchone()
+    (last_anchor,) = conn.execute(
+        "SELECT max(id) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
     ).fetchone()
     rows = conn.execute(
         "SELECT id, kind, payload, meta, date FROM entries WHERE tape = ? AND id > ? ORDER BY id",

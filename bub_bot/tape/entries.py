@@ -101,10 +101,15 @@ class TapeEntry:
         }
 
 
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def dumps(value: Any, what: str) -> str:
     """Serialise a payload or meta dict, failing with a clear error when it is not JSON."""
+    if not value:
+        return "{}" if isinstance(value, dict) else _encode(value)
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = _encode(value)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"entry {what} is not JSON-serialisable: {exc}") from None
     try:

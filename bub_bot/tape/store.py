@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from .entries import TapeEntry, dumps, utc_now
+from .entries import KINDS, TapeEntry, dumps, utc_now
 from .names import SIDECAR_SEP, archive_name, tape_role
 
 SCHEMA_VERSION = 1
@@ -30,11 +30,8 @@ CREATE TABLE IF NOT EXISTS tapes (
     name        TEXT NOT NULL UNIQUE,
     role        TEXT NOT NULL,               -- live | sidecar | archive
     session_id  TEXT,
-    last_id     INTEGER NOT NULL DEFAULT 0,  -- dense id counter, never reused while live
-    anchors     INTEGER NOT NULL DEFAULT 0,
-    last_anchor INTEGER NOT NULL DEFAULT 0,  -- id of the newest anchor (0: none)
     created     TEXT NOT NULL,
-    updated     TEXT NOT NULL
+    updated     TEXT NOT NULL                -- set on create, rename and reset only
 );
 CREATE TABLE IF NOT EXISTS entries (
     tape    INTEGER NOT NULL,
@@ -46,7 +43,12 @@ CREATE TABLE IF NOT EXISTS entries (
     date    TEXT NOT NULL,
     UNIQUE (tape, id)
 );
-CREATE INDEX IF NOT EXISTS entries_by_name ON entries (tape, kind, name, id);
+-- Counters come from indexes (max id, anchors by id), not from a tapes row rewritten on
+-- every append. Partial indexes: only anchors and events are looked up by name, so message
+-- and tool entries (most of a tape) cost no index writes beyond (tape, id).
+CREATE INDEX IF NOT EXISTS anchors_by_id ON entries (tape, id) WHERE kind = 'anchor';
+CREATE INDEX IF NOT EXISTS anchors_by_name ON entries (tape, name, id) WHERE kind = 'anchor';
+CREATE INDEX IF NOT EXISTS events_by_name ON entries (tape, name, id) WHERE kind = 'event';
 CREATE TABLE IF NOT EXISTS dedupe (
     key      TEXT PRIMARY KEY,
     tape     TEXT NOT NULL,
@@ -235,7 +237,7 @@ class SQLiteTapeStore:
             _append,
             tape,
             rows,
-            tuple(dedupe_keys),
+            tuple(dict.fromkeys(dedupe_keys)),
             if_no_anchor,
             _row(bootstrap) if bootstrap else None,
             session_id,
@@ -322,8 +324,14 @@ class SQLiteTapeStore:
         params: list[Any] = []
         if kinds is not None:
             kinds = list(kinds)
-            clauses.append(f"kind IN ({','.join('?' * len(kinds))})")
-            params.extend(kinds)
+            unknown = [k for k in kinds if k not in KINDS]
+            if unknown:
+                raise ValueError(f"unknown entry kind(s) {unknown}; kinds are {', '.join(KINDS)}")
+            # Literal kinds (validated above) let SQLite use the partial indexes.
+            if len(kinds) == 1:
+                clauses.append(f"kind = '{kinds[0]}'")
+            else:
+                clauses.append(f"kind IN ({','.join(repr(k) for k in kinds)})")
         if names is not None:
             names = list(names)
             clauses.append(f"name IN ({','.join('?' * len(names))})")
@@ -373,16 +381,17 @@ class SQLiteTapeStore:
 # -- functions run on the database thread --------------------------------------------------
 def _init_schema(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA busy_timeout = 10000")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() not in ("wal", "memory"):
-        raise TapeStoreError(f"could not switch to WAL (journal_mode is {mode})")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    # Refuse a newer file before changing anything in it (not even its journal mode).
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise TapeStoreError(
             f"schema version {version} is newer than this bub-bot supports ({SCHEMA_VERSION});"
             " upgrade bub-bot"
         )
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() not in ("wal", "memory"):
+        raise TapeStoreError(f"could not switch to WAL (journal_mode is {mode})")
+    conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in _SCHEMA.split(";"):
@@ -400,17 +409,30 @@ def _ping(conn: sqlite3.Connection) -> None:
     conn.execute("ROLLBACK")
 
 
-def _tape_row(conn: sqlite3.Connection, tape: str, session_id: str | None, now: str) -> tuple:
-    row = conn.execute(
-        "SELECT id, last_id, anchors, last_anchor FROM tapes WHERE name = ?", (tape,)
-    ).fetchone()
+def _tape_id(conn: sqlite3.Connection, tape: str, session_id: str | None, now: str) -> int:
+    """The tape's row id, creating the row (and filling a missing session id) as needed."""
+    row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
     if row is not None:
-        return row
+        if session_id and row[1] is None:
+            conn.execute("UPDATE tapes SET session_id = ? WHERE id = ?", (session_id, row[0]))
+        return row[0]
     cur = conn.execute(
         "INSERT INTO tapes (name, role, session_id, created, updated) VALUES (?, ?, ?, ?, ?)",
         (tape, tape_role(tape), session_id, now, now),
     )
-    return (cur.lastrowid, 0, 0, 0)
+    return cur.lastrowid  # type: ignore[return-value]
+
+
+def _last_id(conn: sqlite3.Connection, tape_id: int) -> int:
+    return conn.execute(
+        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ?", (tape_id,)
+    ).fetchone()[0]
+
+
+def _last_anchor(conn: sqlite3.Connection, tape_id: int) -> int:
+    return conn.execute(
+        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
+    ).fetchone()[0]
 
 
 def _append(
@@ -431,12 +453,14 @@ def _append(
             if seen.fetchone() is not None:
                 conn.execute("ROLLBACK")
                 return None
-        tape_id, last_id, anchors, last_anchor = _tape_row(conn, tape, session_id, now)
-        if if_no_anchor and anchors:
+        tape_id = _tape_id(conn, tape, session_id, now)
+        last_id = _last_id(conn, tape_id)
+        has_anchor = (if_no_anchor or bootstrap is not None) and _last_anchor(conn, tape_id) > 0
+        if if_no_anchor and has_anchor:
             conn.execute("ROLLBACK")
             return None
         skip = 0
-        if bootstrap is not None and not anchors:
+        if bootstrap is not None and not has_anchor:
             rows = [bootstrap, *rows]
             skip = 1
         ids = list(range(last_id + 1, last_id + 1 + len(rows)))
@@ -444,15 +468,6 @@ def _append(
             "INSERT INTO entries (tape, id, kind, name, payload, meta, date)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)],
-        )
-        for i, row in zip(ids, rows, strict=True):
-            if row[0] == "anchor":
-                anchors += 1
-                last_anchor = i
-        conn.execute(
-            "UPDATE tapes SET last_id = ?, anchors = ?, last_anchor = ?, updated = ?,"
-            " session_id = coalesce(session_id, ?) WHERE id = ?",
-            (last_id + len(rows), anchors, last_anchor, now, session_id, tape_id),
         )
         ids = ids[skip:]
         if dedupe_keys:
@@ -509,18 +524,12 @@ def _reset(
             else:
                 conn.execute("DELETE FROM entries WHERE tape = ?", (row_id,))
                 conn.execute("DELETE FROM tapes WHERE id = ?", (row_id,))
-        tape_id, *_ = _tape_row(conn, tape, session[1] if session else None, now)
+        tape_id = _tape_id(conn, tape, session[1] if session else None, now)
         if rows:
-            ids = range(1, len(rows) + 1)
             conn.executemany(
                 "INSERT INTO entries (tape, id, kind, name, payload, meta, date)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)],
-            )
-            anchor_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == "anchor"]
-            conn.execute(
-                "UPDATE tapes SET last_id = ?, anchors = ?, last_anchor = ? WHERE id = ?",
-                (len(rows), len(anchor_ids), max(anchor_ids, default=0), tape_id),
+                [(tape_id, i, *row) for i, row in enumerate(rows, start=1)],
             )
         conn.execute("COMMIT")
     except BaseException:
@@ -531,7 +540,7 @@ def _reset(
 def _set_session(conn: sqlite3.Connection, tape: str, session_id: str, now: str) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
-        _tape_row(conn, tape, session_id, now)
+        _tape_id(conn, tape, session_id, now)
         conn.execute(
             "UPDATE tapes SET session_id = ? WHERE name = ? AND session_id IS NOT ?",
             (session_id, tape, session_id),
@@ -543,12 +552,16 @@ def _set_session(conn: sqlite3.Connection, tape: str, session_id: str, now: str)
 
 
 def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
-    row = conn.execute(
-        "SELECT session_id, last_id, anchors, last_anchor FROM tapes WHERE name = ?", (tape,)
-    ).fetchone()
+    row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
     if row is None:
         return TapeStats(tape, None, 0, 0, 0)
-    return TapeStats(tape, *row)
+    tape_id, session_id = row
+    anchors = conn.execute(
+        "SELECT count(*) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
+    ).fetchone()[0]
+    return TapeStats(
+        tape, session_id, _last_id(conn, tape_id), anchors, _last_anchor(conn, tape_id)
+    )
 
 
 def _anchor_id(conn: sqlite3.Connection, tape_id: int, name: str, after: int = 0) -> int | None:
@@ -572,15 +585,15 @@ def _query(
     limit: int | None,
     newest_first: bool,
 ) -> list[TapeEntry]:
-    row = conn.execute("SELECT id, last_anchor FROM tapes WHERE name = ?", (tape,)).fetchone()
+    row = conn.execute("SELECT id FROM tapes WHERE name = ?", (tape,)).fetchone()
     if row is None:
         if after_anchor or between:
             raise AnchorNotFound(f"anchor {after_anchor or between[0]!r} not found")  # type: ignore[index]
         return []
-    tape_id, last_anchor = row
+    tape_id = row[0]
     lo, hi = after_id or 0, before_id
     if after_last_anchor:
-        lo = max(lo, last_anchor)
+        lo = max(lo, _last_anchor(conn, tape_id))
     if after_anchor is not None:
         found = _anchor_id(conn, tape_id, after_anchor)
         if found is None:
@@ -615,11 +628,18 @@ def _query(
 
 
 def _list_tapes(conn: sqlite3.Connection, include_all: bool) -> list[TapeSummary]:
-    sql = "SELECT name, session_id, last_id, anchors, updated FROM tapes"
+    # Per tape: three index lookups (newest entry, its date, anchor count), never a scan.
+    sql = (
+        "SELECT t.name, t.session_id, coalesce(e.id, 0),"
+        " (SELECT count(*) FROM entries a WHERE a.tape = t.id AND a.kind = 'anchor'),"
+        " coalesce(e.date, t.updated)"
+        " FROM tapes t LEFT JOIN entries e ON e.tape = t.id"
+        " AND e.id = (SELECT max(id) FROM entries m WHERE m.tape = t.id)"
+    )
     if not include_all:
-        sql += " WHERE role = 'live'"
-    sql += " ORDER BY updated DESC"
-    return [TapeSummary(*row) for row in conn.execute(sql)]
+        sql += " WHERE t.role = 'live'"
+    rows = [TapeSummary(*row) for row in conn.execute(sql)]
+    return sorted(rows, key=lambda r: r.updated, reverse=True)
 
 
 def _has_key(conn: sqlite3.Connection, key: str) -> bool:
