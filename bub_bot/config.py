@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     slack_allow_channels: CsvList = Field(default_factory=list)
     slack_require_mention: bool = False
     slack_allow_bots: bool = False
-    slack_command_prefix: str = ""
+    slack_command_prefix: str = "bub-"
     slack_working_indicator: Literal["auto", "status", "reaction", "none"] = "auto"
 
     @field_validator(

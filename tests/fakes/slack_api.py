@@ -49,6 +49,8 @@ class Fault:
     retry_after: int | None = None
     drop: bool = False
     after_processing: bool = True
+    passthrough: bool = False
+    """A placeholder: the call is answered normally (lets a fault hit the n-th call)."""
 
 
 class FakeSlack:
@@ -185,22 +187,31 @@ class FakeSlack:
         status: int = 200,
         error: str | None = None,
         retry_after: int | None = None,
+        after: int = 0,
     ) -> None:
-        """Queue a failure for the next call to ``method``.
+        """Queue a failure for the next call to ``method`` (or, with ``after=n``, for the call
+        after the next ``n``, which are answered normally).
 
         A 429 defaults to ``error="ratelimited"`` and ``Retry-After: 1``.
         """
         if status == 429 and retry_after is None:
             retry_after = 1
         error = error or ("ratelimited" if status == 429 else "internal_error")
+        self._skip(method, after)
         self._faults[method].append(Fault(status=status, error=error, retry_after=retry_after))
 
-    def drop_next(self, method: str, *, after_processing: bool = True) -> None:
+    def drop_next(self, method: str, *, after_processing: bool = True, after: int = 0) -> None:
         """Close the connection on the next call to ``method`` without answering.
 
-        With ``after_processing`` the call takes effect (e.g. the post is recorded) first.
+        With ``after_processing`` the call takes effect (e.g. the post is recorded) first;
+        ``after=n`` lets the next ``n`` calls through first.
         """
+        self._skip(method, after)
         self._faults[method].append(Fault(drop=True, after_processing=after_processing))
+
+    def _skip(self, method: str, count: int) -> None:
+        for _ in range(count):
+            self._faults[method].append(Fault(passthrough=True))
 
     # ---------------------------------------------------------------- web api
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -222,6 +233,8 @@ class FakeSlack:
         params.pop("token", None)
         self.calls.append((method, params))
         fault = self._faults[method].popleft() if self._faults[method] else None
+        if fault is not None and fault.passthrough:
+            fault = None
         try:
             if fault and fault.drop and not fault.after_processing:
                 return self._drop(request)

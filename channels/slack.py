@@ -1,0 +1,535 @@
+"""Slack (slack-bolt, async): Socket Mode or HTTP Events API, threads, safe delivery.
+
+Inbound. Every event goes through slack-bolt's `AsyncApp` (signature and timestamp
+verification, `url_verification`, ignoring the bot's own events) with
+`process_before_response=True`, so our listener awaits `runtime.receive` *before* bolt
+acknowledges: the HTTP 200 (or Socket Mode ack) means "on disk". Slack's re-deliveries
+(`X-Slack-Retry-Num`, `retry_attempt`) are processed like first deliveries; the runtime drops
+them by `event_id`, and by channel + `ts` because one mention arrives as both `app_mention`
+and `message`.
+
+Sessions: `slack:<team>:<channel>:<thread_ts>` in channels (the thread root, or the mention's
+own ts for a new thread); DMs `slack:<team>:<channel>` at top level and the thread's session
+inside a DM thread; slash commands act on `slack:<team>:<channel>` (Slack sends no thread
+for them; inside threads people write `@bot /handoff`).
+
+Outbound. `split` converts the model's Markdown to mrkdwn and cuts it under 4 000 bytes;
+`send` posts one piece with `chat.postMessage`. The Web API client has no retry handlers: a
+429 is waited out here (Retry-After) and only that piece is re-posted; a connection lost after
+the request went out raises `DeliveryUnknown`, so nothing is ever posted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from bub_bot.commands import COMMANDS, strip_mention
+from bub_bot.config import ConfigError, Settings
+
+from .base import DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .slack_format import format_and_split
+
+log = logging.getLogger("channels.slack")
+
+DEFAULT_API_URL = "https://slack.com/api/"
+EVENTS_PATH = "/slack/events"
+NOT_ENABLED = "Sorry, this bot is not enabled for you."
+NOT_ENABLED_EVERY_SECONDS = 3600.0
+STATUS_TEXT = "is thinking…"
+WORKING_REACTION = "eyes"
+DONE_REACTION = "white_check_mark"
+INDICATOR_TIMEOUT = 5.0
+MAX_RATE_LIMIT_WAITS = 5
+MAX_RETRY_AFTER = 300.0
+CONNECT_RETRIES = 2
+SOCKET_CONNECT_TIMEOUT = 30.0
+ACCEPTED_SUBTYPES = (None, "thread_broadcast", "file_share", "bot_message")
+BAD_TOKEN_ERRORS = (
+    "invalid_auth",
+    "not_authed",
+    "account_inactive",
+    "token_revoked",
+    "token_expired",
+    "not_allowed_token_type",
+)
+_MARKUP_RE = re.compile(r"<([^<>]+)>")
+
+
+class SlackChannel:
+    """The Slack channel: HTTP mode (`routes()`) or Socket Mode (connects in `start`)."""
+
+    name = "slack"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        token = settings.slack_bot_token or ""
+        if not token.startswith("xoxb-"):
+            raise ConfigError("BUB_SLACK_BOT_TOKEN must be a bot token starting with xoxb-")
+        app_token = settings.slack_app_token
+        if app_token and not app_token.startswith("xapp-"):
+            raise ConfigError("BUB_SLACK_APP_TOKEN must be an app token starting with xapp-")
+        if not app_token and not settings.slack_signing_secret:
+            raise ConfigError(
+                "BUB_SLACK_APP_TOKEN (Socket Mode) or BUB_SLACK_SIGNING_SECRET (HTTP events)"
+                " must be set with BUB_SLACK_BOT_TOKEN"
+            )
+        self.mode = "socket" if app_token else "http"
+        self.api_url = settings.slack_api_url or DEFAULT_API_URL
+        if not self.api_url.endswith("/"):
+            self.api_url += "/"
+        # No retry handlers: the SDK's connection-error retry would re-post a message whose
+        # first post may have landed. Rate limits are handled in `_call`.
+        self.client = AsyncWebClient(token=token, base_url=self.api_url, retry_handlers=[])
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=settings.slack_signing_secret or "",
+            process_before_response=True,
+            request_verification_enabled=self.mode == "http",
+        )
+        self.app.event("app_mention")(self._on_message_event)
+        self.app.event("message")(self._on_message_event)
+        self.app.command(re.compile(r"^/"))(self._on_command)
+        self.app.event(re.compile(r".*"))(self._on_other_event)
+        self.runtime: RuntimeLike | None = None
+        self.team_id = ""
+        self.bot_user_id = ""
+        self.bot_id = ""
+        self.bot_label = "bot"
+        self._socket: Any = None
+        self._status_ok: dict[str, bool] = {}
+        self._notified: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self, runtime: RuntimeLike) -> None:
+        try:
+            auth = await self.client.auth_test()
+        except SlackApiError as exc:
+            error = exc.response.get("error", "error")
+            if error in BAD_TOKEN_ERRORS:
+                raise ConfigError(
+                    f"BUB_SLACK_BOT_TOKEN was rejected by Slack ({error}): check the bot token"
+                ) from None
+            raise ConfigError(f"Slack auth.test failed ({error}) for BUB_SLACK_BOT_TOKEN") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(
+                f"cannot reach the Slack Web API at {self.api_url} (BUB_SLACK_API_URL): {exc}"
+            ) from None
+        self.team_id = str(auth.get("team_id") or "")
+        self.bot_user_id = str(auth.get("user_id") or "")
+        self.bot_id = str(auth.get("bot_id") or "")
+        self.bot_label = str(auth.get("user") or "bot")
+        self.runtime = runtime
+        if self.mode == "socket":
+            await self._connect_socket()
+        log.info(
+            "slack.ready mode=%s team=%s bot_user=%s", self.mode, self.team_id, self.bot_user_id
+        )
+
+    async def _connect_socket(self) -> None:
+        from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+        app_token = self.settings.slack_app_token or ""
+        opener = AsyncWebClient(base_url=self.api_url)
+        # The SDK's connect() retries forever, also on a rejected token: check it first
+        # (the URL is then used for the first connection; reconnects ask for new ones).
+        try:
+            opened = await opener.apps_connections_open(app_token=app_token)
+        except SlackApiError as exc:
+            error = exc.response.get("error", "error")
+            raise ConfigError(
+                f"BUB_SLACK_APP_TOKEN was rejected by Slack ({error}): Socket Mode needs an"
+                " app-level token with connections:write"
+            ) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(
+                f"cannot reach the Slack Web API at {self.api_url} (BUB_SLACK_API_URL): {exc}"
+            ) from None
+        handler = AsyncSocketModeHandler(self.app, app_token=app_token, web_client=opener)
+        handler.client.wss_uri = opened["url"]
+        try:
+            await asyncio.wait_for(handler.connect_async(), SOCKET_CONNECT_TIMEOUT)
+        except TimeoutError:
+            await _quietly(handler.close_async())
+            raise ConfigError(
+                f"no Socket Mode connection within {SOCKET_CONNECT_TIMEOUT:.0f} s"
+                " (BUB_SLACK_APP_TOKEN)"
+            ) from None
+        self._socket = handler
+
+    async def stop(self) -> None:
+        if self._socket is not None:
+            handler, self._socket = self._socket, None
+            await _quietly(handler.close_async())
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+
+    def routes(self) -> list[tuple[str, str, Callable[..., Awaitable[Any]]]]:
+        if self.mode != "http":
+            return []
+        return [("POST", EVENTS_PATH, self._http)]
+
+    async def _http(self, request: web.Request) -> web.StreamResponse:
+        if self.runtime is None:
+            # Not started yet: Slack retries later; nothing was acknowledged.
+            return web.Response(status=503, text="starting")
+        bolt_response = await self.app.async_dispatch(await to_bolt_request(request))
+        return await to_aiohttp_response(bolt_response)
+
+    @property
+    def mention(self) -> str:
+        return f"<@{self.bot_user_id}>"
+
+    # -- inbound ---------------------------------------------------------------------------
+    async def _on_other_event(self, body: dict[str, Any]) -> None:
+        """Events we subscribe to but do not act on are acknowledged (not 404'd)."""
+        log.debug("slack.event.ignored type=%s", (body.get("event") or {}).get("type"))
+
+    async def _on_message_event(self, body: dict[str, Any]) -> None:
+        runtime = self._require_runtime()
+        inbound = await self._inbound(body, runtime)
+        if inbound is not None:
+            await runtime.receive(inbound)
+
+    def _require_runtime(self) -> RuntimeLike:
+        if self.runtime is None:
+            raise RuntimeError("the Slack channel is not started")
+        return self.runtime
+
+    async def _inbound(self, body: dict[str, Any], runtime: RuntimeLike) -> Inbound | None:
+        """The Inbound for a message event, or None when it is not for us."""
+        event = body.get("event") or {}
+        kind = event.get("type")
+        subtype = event.get("subtype")
+        if subtype not in ACCEPTED_SUBTYPES or event.get("hidden"):
+            return None
+        user = event.get("user") or ""
+        bot_id = event.get("bot_id") or ""
+        if (user and user == self.bot_user_id) or (bot_id and bot_id == self.bot_id):
+            return None
+        if (bot_id or subtype == "bot_message") and not self.settings.slack_allow_bots:
+            return None
+        user = user or bot_id
+        channel = event.get("channel") or ""
+        ts = event.get("ts") or ""
+        if not user or not channel or not ts:
+            return None
+        team = body.get("team_id") or event.get("team") or self.team_id
+        channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
+        is_dm = channel_type == "im"
+        raw = event.get("text") or ""
+        thread_ts = event.get("thread_ts") or None
+        mentioned = kind == "app_mention" or self.mention in _normalise_mentions(raw)
+        if is_dm:
+            session = f"slack:{team}:{channel}" + (f":{thread_ts}" if thread_ts else "")
+            reply_thread = thread_ts
+        elif mentioned:
+            reply_thread = thread_ts or ts
+            session = f"slack:{team}:{channel}:{reply_thread}"
+        elif thread_ts and not self.settings.slack_require_mention:
+            session = f"slack:{team}:{channel}:{thread_ts}"
+            reply_thread = thread_ts
+            if not self._allowed(user, channel):
+                return None
+            if not await runtime.session_known(session):
+                return None
+        else:
+            return None
+        if not self._allowed(user, channel):
+            log.info("slack.not_allowed user=%s channel=%s", user, channel)
+            if is_dm:
+                self._notify_not_enabled(channel, thread_ts)
+            return None
+        profile = event.get("user_profile") or {}
+        name = profile.get("display_name") or profile.get("real_name") or event.get("username")
+        return Inbound(
+            channel=self.name,
+            session_id=session,
+            delivery_key=str(body.get("event_id") or f"{channel}:{ts}"),
+            message_id=ts,
+            sender=Sender(id=user, name=name or user, is_bot=bool(bot_id)),
+            text=self._clean_text(raw),
+            reply_target={"team": team, "channel": channel, "thread_ts": reply_thread, "ts": ts},
+            extra_keys=(f"{channel}:{ts}",),
+            bot_names=(self.mention,),
+            meta={
+                "team": team,
+                "channel": channel,
+                "channel_type": channel_type or "channel",
+                "ts": ts,
+                "thread_ts": thread_ts,
+                "event": kind,
+            },
+        )
+
+    def _allowed(self, user: str, channel: str) -> bool:
+        users = self.settings.slack_allow_users
+        channels = self.settings.slack_allow_channels
+        return (not users or user in users) and (not channels or channel in channels)
+
+    def _clean_text(self, raw: str) -> str:
+        """Slack markup -> plain text for the model: our leading mention dropped, links as
+        `label (url)`, channel and special mentions readable, entities unescaped."""
+        text = strip_mention(_normalise_mentions(raw), (self.mention,))
+        text = text.replace(self.mention, f"@{self.bot_label}")
+        text = _MARKUP_RE.sub(_plain_markup, text)
+        return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+    def _notify_not_enabled(self, channel: str, thread_ts: str | None) -> None:
+        now = time.monotonic()
+        last = self._notified.get(channel)
+        if last is not None and now - last < NOT_ENABLED_EVERY_SECONDS:
+            return
+        if len(self._notified) > 10_000:
+            self._notified = {
+                k: t for k, t in self._notified.items() if now - t < NOT_ENABLED_EVERY_SECONDS
+            }
+        self._notified[channel] = now
+        target = {"channel": channel, "thread_ts": thread_ts}
+        self._background(self._post_quietly(target, NOT_ENABLED))
+
+    async def _post_quietly(self, target: dict[str, Any], text: str) -> None:
+        try:
+            await self.send(target, text)
+        except Exception as exc:
+            log.warning("slack.notice_failed channel=%s: %s", target.get("channel"), exc)
+
+    def _background(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
+        runtime = self._require_runtime()
+        typed = str(command.get("command") or "")
+        prefix = self.settings.slack_command_prefix
+        name = typed.lstrip("/")
+        if not name.startswith(prefix) or name[len(prefix) :].lower() not in COMMANDS:
+            log.warning("slack.command.unknown command=%s prefix=%r", typed, prefix)
+            known = ", ".join(f"/{prefix}{c}" for c in COMMANDS)
+            await ack(
+                text=f"{typed} is not a command of this bot (BUB_SLACK_COMMAND_PREFIX is"
+                f" {prefix!r}; commands: {known})"
+            )
+            return
+        name = name[len(prefix) :].lower()
+        user = str(command.get("user_id") or "")
+        channel = str(command.get("channel_id") or "")
+        team = str(command.get("team_id") or self.team_id)
+        if not self._allowed(user, channel):
+            log.info("slack.not_allowed user=%s channel=%s command=/%s", user, channel, name)
+            await ack(text=NOT_ENABLED)
+            return
+        trigger = str(command.get("trigger_id") or uuid.uuid4().hex)
+        args = str(command.get("text") or "").strip()
+        inbound = Inbound(
+            channel=self.name,
+            session_id=f"slack:{team}:{channel}",
+            delivery_key=f"command:{trigger}",
+            message_id=trigger,
+            sender=Sender(id=user, name=str(command.get("user_name") or user)),
+            text=f"/{name} {args}".strip(),
+            reply_target={
+                "team": team,
+                "channel": channel,
+                "user": user,
+                "ephemeral": True,
+                "response_url": command.get("response_url"),
+            },
+            bot_names=(self.mention,),
+            meta={"team": team, "channel": channel, "slash_command": typed},
+        )
+        await runtime.receive(inbound)
+        await ack()
+
+    # -- outbound --------------------------------------------------------------------------
+    def split(self, text: str) -> list[str]:
+        return format_and_split(text)
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        if target.get("ephemeral"):
+            return await self._send_ephemeral(target, piece)
+        params: dict[str, Any] = {"channel": target["channel"], "text": piece}
+        if target.get("thread_ts"):
+            params["thread_ts"] = target["thread_ts"]
+        response = await self._call("chat.postMessage", params)
+        return [str(response.get("ts") or "")]
+
+    async def _send_ephemeral(self, target: dict[str, Any], piece: str) -> list[str]:
+        url = target.get("response_url")
+        if url:
+            hook = AsyncWebhookClient(url, retry_handlers=[])
+            for attempt in range(MAX_RATE_LIMIT_WAITS + 1):
+                try:
+                    answer = await hook.send(
+                        text=piece, response_type="ephemeral", replace_original=False
+                    )
+                except aiohttp.ClientConnectorError as exc:
+                    log.warning("slack.response_url unreachable: %s", exc)
+                    break
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise DeliveryUnknown(f"response_url: connection lost: {exc}") from exc
+                if answer.status_code == 200:
+                    return []
+                if answer.status_code == 429 and attempt < MAX_RATE_LIMIT_WAITS:
+                    await asyncio.sleep(_retry_after(answer.headers))
+                    continue
+                log.info("slack.response_url failed status=%s: %s", answer.status_code, answer.body)
+                break
+        # No usable response_url (expired after 30 minutes, or 5 uses): post ephemerally.
+        params = {"channel": target["channel"], "user": target["user"], "text": piece}
+        response = await self._call("chat.postEphemeral", params)
+        return [str(response.get("message_ts") or "")]
+
+    async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One Web API call that posts something: waits out 429s, retries only failures that
+        provably never reached Slack, and reports an unknown outcome as DeliveryUnknown."""
+        waits = 0
+        connect_failures = 0
+        while True:
+            try:
+                response = await self.client.api_call(method, json=params)
+                return dict(response.data) if isinstance(response.data, dict) else {}
+            except SlackApiError as exc:
+                status = exc.response.status_code
+                error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+                if status == 429 and waits < MAX_RATE_LIMIT_WAITS:
+                    waits += 1
+                    delay = _retry_after(exc.response.headers)
+                    log.warning("slack.rate_limited method=%s retry_after=%.1fs", method, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if status >= 500:
+                    raise DeliveryUnknown(f"{method}: HTTP {status} {error or ''}".strip()) from exc
+                raise DeliveryError(f"{method}: {error or f'HTTP {status}'}") from exc
+            except aiohttp.ClientConnectorError as exc:
+                # The connection was never made: nothing was posted, trying again is safe.
+                if connect_failures < CONNECT_RETRIES:
+                    connect_failures += 1
+                    await asyncio.sleep(0.5 * connect_failures)
+                    continue
+                raise DeliveryError(f"{method}: cannot connect: {exc}") from exc
+            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                raise DeliveryUnknown(f"{method}: connection lost, outcome unknown: {exc}") from exc
+
+    # -- working indicator -----------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def working(self, target: dict[str, Any]) -> AsyncIterator[None]:
+        mode = self.settings.slack_working_indicator
+        if mode == "none" or target.get("ephemeral") or not target.get("channel"):
+            yield
+            return
+        team = str(target.get("team") or self.team_id)
+        status_on = False
+        if mode in ("status", "auto") and target.get("thread_ts"):
+            if mode == "status" or self._status_ok.get(team, True):
+                status_on = await self._set_status(target, STATUS_TEXT, team, remember=True)
+        reacted = False
+        if not status_on and mode in ("auto", "reaction") and target.get("ts"):
+            reacted = await self._indicator_call(
+                "reactions.add",
+                {"channel": target["channel"], "timestamp": target["ts"], "name": WORKING_REACTION},
+            )
+        try:
+            yield
+        finally:
+            if status_on:
+                await self._set_status(target, "", team, remember=False)
+            if reacted:
+                ref = {"channel": target["channel"], "timestamp": target["ts"]}
+                await self._indicator_call("reactions.remove", {**ref, "name": WORKING_REACTION})
+                await self._indicator_call("reactions.add", {**ref, "name": DONE_REACTION})
+
+    async def _set_status(
+        self, target: dict[str, Any], status: str, team: str, *, remember: bool
+    ) -> bool:
+        params = {
+            "channel_id": target["channel"],
+            "thread_ts": target["thread_ts"],
+            "status": status,
+        }
+        try:
+            await asyncio.wait_for(
+                self.client.api_call("assistant.threads.setStatus", json=params),
+                INDICATOR_TIMEOUT,
+            )
+        except SlackApiError as exc:
+            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+            if remember and exc.response.status_code != 429:
+                # Not an assistant/agent app here (or no scope): use reactions from now on.
+                log.info("slack.status_unavailable team=%s error=%s", team, error)
+                self._status_ok[team] = False
+            return False
+        except Exception as exc:
+            log.debug("slack.status_failed: %s", exc)
+            return False
+        if remember:
+            self._status_ok[team] = True
+        return True
+
+    async def _indicator_call(self, method: str, params: dict[str, Any]) -> bool:
+        try:
+            await asyncio.wait_for(self.client.api_call(method, json=params), INDICATOR_TIMEOUT)
+        except SlackApiError as exc:
+            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+            log.debug("slack.indicator %s failed: %s", method, error)
+            return error == "already_reacted"
+        except Exception as exc:
+            log.debug("slack.indicator %s failed: %s", method, exc)
+            return False
+        return True
+
+
+def _retry_after(headers: Any) -> float:
+    """Seconds to wait from a Retry-After header (1 s when missing or unreadable)."""
+    value: Any = None
+    if headers is not None:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+    if isinstance(value, list):
+        value = value[0] if value else None
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER)
+    except (TypeError, ValueError):
+        return 1.0
+
+
+def _normalise_mentions(text: str) -> str:
+    """`<@U123|name>` (older clients) -> `<@U123>`."""
+    return re.sub(r"<@([A-Z0-9]+)\|[^>]*>", r"<@\1>", text)
+
+
+def _plain_markup(match: re.Match[str]) -> str:
+    inner = match.group(1)
+    target, _, label = inner.partition("|")
+    if target.startswith("@"):
+        return match.group(0)  # a user mention stays as Slack wrote it
+    if target.startswith("#"):
+        return f"#{label or target[1:]}"
+    if target.startswith("!"):
+        special = target[1:].split("^")[0]
+        return label or (f"@{special}" if special in ("here", "channel", "everyone") else "")
+    if label and label != target:
+        return f"{label} ({target})"
+    return target.removeprefix("mailto:") if target.startswith("mailto:") else target
+
+
+async def _quietly(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception as exc:
+        log.debug("slack.close failed: %s", exc)

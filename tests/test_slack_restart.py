@@ -1,0 +1,131 @@
+"""`bub-bot serve` in a subprocess, Slack HTTP mode: SIGKILL in the middle of a turn, start
+again, and the mention is answered exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+
+from bub_bot.tape import SQLiteTapeStore, Tape
+from tests.fakes.openai_server import FakeOpenAI, slow, text
+from tests.fakes.slack_api import FakeSlack, app_mention, sign_request
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "restart-signing-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI, port: int) -> dict[str, str]:
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("BUB_", "OPENAI_", "SLACK_")) and k != "PORT"
+    }
+    return {
+        **inherited,
+        "PYTHONPATH": str(ROOT),
+        "BUB_HOME": str(tmp_path / "home"),
+        "BUB_WORKSPACE": str(tmp_path),
+        "BUB_HOST": "127.0.0.1",
+        "PORT": str(port),
+        "BUB_MODEL": "fake-model",
+        "BUB_MODEL_RETRIES": "0",
+        "OPENAI_BASE_URL": model.base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "BUB_SLACK_BOT_TOKEN": slack.bot_token,
+        "BUB_SLACK_SIGNING_SECRET": SECRET,
+        "BUB_SLACK_API_URL": slack.api_url,
+        "BUB_SHUTDOWN_GRACE_SECONDS": "10",
+    }
+
+
+async def _serve(env: dict[str, str], cwd: Path, log: IO[bytes]) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bub_bot", "serve", cwd=cwd, env=env, stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{env['PORT']}/readyz"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            if proc.returncode is not None:
+                raise AssertionError(f"bub-bot serve exited with {proc.returncode}")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return proc
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    proc.kill()
+    raise AssertionError("bub-bot serve did not become ready")
+
+
+async def _post(port: int, payload: dict, headers: dict[str, str] | None = None) -> int:
+    body = json.dumps(payload).encode()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://127.0.0.1:{port}/slack/events",
+            data=body,
+            headers={**sign_request(body, SECRET), **(headers or {})},
+        ) as resp,
+    ):
+        return resp.status
+
+
+async def test_sigkill_mid_turn_then_restart_answers_once(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    async with FakeSlack() as slack:
+        port = _free_port()
+        env = _env(tmp_path, slack, fake_openai, port)
+        log_path = tmp_path / "serve.log"
+        fake_openai.script(slow(text("never delivered"), 60))
+        with log_path.open("ab") as log:
+            proc = await _serve(env, tmp_path, log)
+            try:
+                ts = slack.next_ts()
+                event = app_mention("C1", "U1", "survive a crash", ts)
+                assert await _post(port, event) == 200
+                # The turn is running: the model has the request and will not answer in time.
+                for _ in range(200):
+                    if fake_openai.completion_requests():
+                        break
+                    await asyncio.sleep(0.05)
+                assert len(fake_openai.completion_requests()) == 1
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            assert slack.posts == []
+
+            proc = await _serve(env, tmp_path, log)
+            try:
+                await slack.wait_for(lambda: len(slack.posts) >= 1, timeout=20)
+                # Slack re-delivering the event to the new process changes nothing.
+                headers = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+                assert await _post(port, event, headers) == 200
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+        assert [(p["text"], p.get("thread_ts")) for p in slack.posts] == [
+            ("echo: survive a crash", ts)
+        ]
+        async with SQLiteTapeStore.open(tmp_path / "home" / "bub.db") as store:
+            tape = Tape.for_session(store, f"slack:T1:C1:{ts}", tmp_path)
+            entries = await tape.query()
+        users = [e for e in entries if e.kind == "message" and e.payload["role"] == "user"]
+        sent = [e for e in entries if e.kind == "event" and e.payload["name"] == "reply.sent"]
+        assert len(users) == 1 and len(sent) == 1, log_path.read_text()
