@@ -6,11 +6,15 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from ..config import DEFAULT_OPENAI_BASE_URL, Settings
+
+if TYPE_CHECKING:
+    import openai
+
+# The openai SDK takes about a second to import; it is imported on the first model call so
+# `bub-bot serve` reports ready (and answers health checks) sooner.
 
 _OVERFLOW_TEXT = re.compile(
     r"maximum context length|context (?:length|window|size)|exceeds the available context"
@@ -59,6 +63,8 @@ def is_context_overflow(exc: BaseException) -> bool:
     vLLM / OpenRouter / DeepSeek ("maximum context length"), Anthropic ("prompt is too long"),
     newer OpenAI ("Input tokens exceed"), and HTTP 413; other 400s (bad tool schema) are not.
     """
+    import openai
+
     if not isinstance(exc, openai.APIStatusError):
         return False
     if exc.status_code == 413:
@@ -106,16 +112,27 @@ class ModelClient:
         self.model = settings.model
         self.max_tokens = settings.max_tokens
         self.base_url = settings.openai_base_url or DEFAULT_OPENAI_BASE_URL
-        self._client = client or openai.AsyncOpenAI(
-            # Local servers (llama.cpp, Ollama, vLLM) often need no key; the SDK insists on one.
-            api_key=settings.openai_api_key or "not-needed",
-            base_url=self.base_url,
-            timeout=settings.model_timeout_seconds,
-            max_retries=settings.model_retries,
-        )
+        self._settings = settings
+        self._client = client
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The SDK client, created (and the SDK imported) on first use."""
+        if self._client is None:
+            import openai
+
+            self._client = openai.AsyncOpenAI(
+                # Local servers (llama.cpp, Ollama, vLLM) often need no key; the SDK wants one.
+                api_key=self._settings.openai_api_key or "not-needed",
+                base_url=self.base_url,
+                timeout=self._settings.model_timeout_seconds,
+                max_retries=self._settings.model_retries,
+            )
+        return self._client
 
     async def close(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
     async def complete(
         self,
@@ -134,9 +151,12 @@ class ModelClient:
             kwargs["max_tokens"] = limit
         if timeout is not None:
             kwargs["timeout"] = timeout
+        client = self.client
+        import openai
+
         started = time.perf_counter()
         try:
-            response = await self._client.chat.completions.create(**kwargs)
+            response = await client.chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
             if is_context_overflow(exc):
                 _, _, message = _error_fields(exc)
