@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+import threading
+from functools import partial
 
 from channels.cli import CliChannel
 
@@ -48,7 +51,7 @@ async def chat(settings: Settings, session: str = "local") -> int:
         while True:
             if interactive:
                 print("> ", end="", flush=True)
-            line = await loop.run_in_executor(None, sys.stdin.readline)
+            line = await _read_line(loop)
             if not line:
                 break
             text = line.rstrip("\n")
@@ -64,3 +67,31 @@ async def chat(settings: Settings, session: str = "local") -> int:
             print()
         await bot.close()
     return 0
+
+
+async def _read_line(loop: asyncio.AbstractEventLoop) -> str:
+    """One line of stdin ('' at end of input) from a daemon thread.
+
+    Not the loop's default executor: `asyncio.run` joins executor threads on exit, so a
+    Ctrl-C at the prompt would hang until the user pressed Enter.
+    """
+    future: asyncio.Future[str] = loop.create_future()
+
+    def settle(line: str | None, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(line or "")
+
+    def read() -> None:
+        try:
+            result = partial(settle, sys.stdin.readline(), None)
+        except Exception as exc:  # stdin closed or undecodable
+            result = partial(settle, None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: we are exiting
+            loop.call_soon_threadsafe(result)
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    return await future

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -164,7 +165,15 @@ class Runtime:
         Returns once the message is on disk; a re-delivery returns `Received(new=False)`
         and changes nothing.
         """
-        session = self._session(inbound.session_id, inbound.workspace)
+        # Only look the session up here: a duplicate must not leave a Session behind.
+        known = self._sessions.get(inbound.session_id)
+        tape = (
+            known.tape
+            if known is not None
+            else Tape.for_session(
+                self.store, inbound.session_id, inbound.workspace or self.settings.workspace
+            )
+        )
         command = commands.parse(inbound.text, inbound.bot_names)
         meta: dict[str, Any] = {
             "inbound": True,
@@ -188,19 +197,19 @@ class Runtime:
         keys = [f"{inbound.channel}:{inbound.delivery_key}"]
         keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]
         written = await self.store.append_many(
-            session.tape.name,
+            tape.name,
             [entry],
             dedupe_keys=keys,
             bootstrap=Tape.bootstrap_anchor(),
             session_id=inbound.session_id,
         )
         self.last_inbound[inbound.channel] = time.monotonic()
-        # The worker may have finished (and forgotten this session) while we were writing.
-        session = self._session(inbound.session_id, inbound.workspace)
         if written is None:
             log.info("inbound.duplicate session=%s key=%s", inbound.session_id, keys[0])
             self._emit("inbound", channel=inbound.channel, outcome="duplicate")
             return Received(new=False)
+        # The worker may have finished (and forgotten this session) while we were writing.
+        session = self._session(inbound.session_id, inbound.workspace)
         entry_id = written[0].id
         log.info(
             "inbound.new session=%s channel=%s entry=%d%s",
@@ -210,8 +219,10 @@ class Runtime:
             f" command=/{command.name}" if command else "",
         )
         self._emit("inbound", channel=inbound.channel, outcome="new")
-        if command is not None and session.running and session.barrier is None:
-            session.barrier = entry_id
+        if command is not None and session.running:
+            barrier = session.barrier
+            if barrier is None or barrier <= (session.cursor or 0):  # none, or one handled
+                session.barrier = entry_id
         self._wake(session)
         return Received(new=True, entry_id=entry_id)
 
@@ -253,11 +264,17 @@ class Runtime:
                     if session.dirty:
                         continue
                     break
+                # Everything that expired while we were down (messages and commands alike)
+                # gets one note for the session, not one per message or command.
+                expired = list(itertools.takewhile(self._expired, pending))
+                if expired:
+                    await self._expire(session, expired)
+                    continue
                 async with self._slots:
                     if pending[0].kind == "event":
                         await self._run_command(session, pending[0], pending[1:])
                     else:
-                        await self._run_turn(session, pending)
+                        await self._run_turn(session, pending, items)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -315,8 +332,15 @@ class Runtime:
             through = entry.id
         return through
 
-    async def _run_turn(self, session: Session, pending: list[TapeEntry]) -> None:
+    async def _run_turn(
+        self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]
+    ) -> None:
         head = pending[0]
+        # A command that `receive` saw arrive after `pending` was read (e.g. while this turn
+        # waited for a slot) still holds back what comes after it; one already handled does not.
+        queued = session.barrier
+        if queued is not None and queued <= (session.cursor or 0):
+            queued = None
         session.barrier = None
         messages = []
         for entry in pending:
@@ -324,6 +348,8 @@ class Runtime:
                 session.barrier = entry.id
                 break
             messages.append(entry)
+        if session.barrier is None:
+            session.barrier = queued
         expired = [e for e in messages if self._expired(e)]
         if expired:
             await self._expire(session, expired)
@@ -352,7 +378,7 @@ class Runtime:
                 if not (e.meta.get("inbound") and e.meta.get("copy_of", e.id) > barrier)
             ]
 
-        await self._carry_into_phase(session, messages)
+        await self._carry_into_phase(session, messages, items)
 
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
         seen: int | None = None
@@ -411,9 +437,16 @@ class Runtime:
         await self._mark_done(session, through, reply=reply.id, turn=turn_id)
         session.barrier = None
 
-    async def _carry_into_phase(self, session: Session, messages: list[TapeEntry]) -> None:
+    async def _carry_into_phase(
+        self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
+    ) -> None:
         """Copy this turn's messages that sit before the last anchor (they queued behind a
         `/handoff`) to after it, so the model sees them; once, also across a restart."""
+        first = messages[0].id
+        if not any(
+            e.kind == "event" and e.payload.get("name") == "handoff" and e.id > first for e in items
+        ):
+            return  # no handoff since these messages arrived (the usual case: no extra read)
         anchor = (await self.store.stats(session.tape.name)).last_anchor_id
         behind = [e for e in messages if e.id < anchor]
         if not behind:

@@ -1,0 +1,280 @@
+"""Runtime throughput under many concurrent conversations (prints figures, asserts nothing).
+
+    .venv/bin/python bench/runtime_bench.py [--conversations 500] [--messages 5]
+        [--latency 0.2] [--burst 50] [--in-process-model]
+
+The model is the fake OpenAI server from `tests/fakes` with a fixed latency per request
+(default 200 ms), run in a child process so its HTTP work does not share the runtime's event
+loop (`--in-process-model` runs it in the same loop instead). The bot side is the real
+`Runtime` with a real SQLite file, the real openai SDK and the in-process test channel from
+`tests/runtime_channel.py`, `BUB_MAX_CONCURRENT_TURNS` = the number of conversations.
+
+1. Conversations: N conversations at once, each sending M messages one after another (the
+   next when the previous reply arrives). Ideal wall time is M x latency; printed: wall time,
+   the ratio to the ideal (target <= 1.3), messages/s, reply latency percentiles, peak RSS.
+2. Burst: one session receives B messages at once (and again 20 ms apart); printed: how
+   many model calls (turns) it took to answer all of them.
+
+`--http aiohttp` gives `ModelClient` an SDK client on the aiohttp transport instead of the
+SDK's default httpx one (for comparison; the bot uses the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bub_bot.agent import Agent, ModelClient, default_registry
+from bub_bot.config import load_settings
+from bub_bot.runtime import Runtime
+from bub_bot.tape import SQLiteTapeStore, Tape
+from tests.fakes.openai_server import FakeOpenAI
+from tests.runtime_channel import RuntimeChannel
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# -- the fake model in a child process ---------------------------------------------------------
+
+
+def _serve_fake(latency: float, conn: Any) -> None:
+    async def main() -> None:
+        async with FakeOpenAI(latency=latency) as fake:
+            conn.send(fake.base_url)
+            loop = asyncio.get_running_loop()
+            while True:
+                # "count" -> number of completion requests so far; "stop" -> exit
+                msg = await loop.run_in_executor(None, conn.recv)
+                if msg == "stop":
+                    return
+                conn.send(len(fake.completion_requests()))
+
+    asyncio.run(main())
+
+
+class ModelServer:
+    """The fake model either in a child process (default) or in this event loop."""
+
+    def __init__(self, latency: float, in_process: bool) -> None:
+        self.latency = latency
+        self.in_process = in_process
+        self.fake: FakeOpenAI | None = None
+        self.proc: Any = None
+        self.conn: Any = None
+        self.base_url = ""
+
+    async def __aenter__(self) -> ModelServer:
+        if self.in_process:
+            self.fake = FakeOpenAI(latency=self.latency)
+            await self.fake.start()
+            self.base_url = self.fake.base_url
+            return self
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_fake, args=(self.latency, child), daemon=True)
+        self.proc.start()
+        self.base_url = await asyncio.to_thread(self.conn.recv)
+        return self
+
+    async def requests(self) -> int:
+        if self.fake is not None:
+            return len(self.fake.completion_requests())
+        self.conn.send("count")
+        return await asyncio.to_thread(self.conn.recv)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.fake is not None:
+            await self.fake.stop()
+            return
+        self.conn.send("stop")
+        await asyncio.to_thread(self.proc.join, 5)
+
+
+# -- the bot side ---------------------------------------------------------------------------------
+
+
+async def open_runtime(base_url: str, home: Path, concurrency: int, http: str = "httpx"):
+    settings = load_settings(
+        openai_base_url=base_url,
+        openai_api_key="sk-bench",
+        model="fake-model",
+        model_retries=0,
+        workspace=home,
+        home=home,
+        max_concurrent_turns=concurrency,
+        _env_file=None,
+    )
+    store = await SQLiteTapeStore.open(settings.database_path)
+    client = None
+    if http == "aiohttp":
+        import openai
+
+        client = openai.AsyncOpenAI(
+            api_key="sk-bench",
+            base_url=base_url,
+            max_retries=0,
+            http_client=openai.DefaultAioHttpClient(),
+        )
+    agent = Agent(settings, ModelClient(settings, client), default_registry())
+    channel = RuntimeChannel()
+    runtime = Runtime(settings, store, agent, {channel.name: channel})
+    channel.runtime = runtime
+    model_calls = [0]
+
+    def count(name: str, data: dict[str, Any]) -> None:
+        if name == "model_call":
+            model_calls[0] += 1
+
+    agent.hooks.append(count)
+    return runtime, channel, store, model_calls
+
+
+async def close_runtime(runtime: Runtime, store: SQLiteTapeStore) -> None:
+    await runtime.shutdown(grace=5)
+    await runtime.agent.model.close()
+    await store.close()
+
+
+async def conversations(
+    model: ModelServer, home: Path, n: int, m: int, http: str = "httpx"
+) -> dict[str, float]:
+    runtime, channel, store, model_calls = await open_runtime(model.base_url, home, n, http)
+    arrived: dict[str, asyncio.Event] = {}
+    channel.on_send = lambda chat, piece: arrived[chat].set()
+    latencies: list[float] = []
+
+    async def converse(chat: str) -> None:
+        for i in range(m):
+            arrived[chat] = asyncio.Event()
+            sent = time.perf_counter()
+            await channel.say(f"{chat} message {i}", chat)
+            await arrived[chat].wait()
+            latencies.append(time.perf_counter() - sent)
+
+    # warm up: connections to the fake, SQLite pages, imports
+    await asyncio.gather(*(converse(f"warm{i}") for i in range(min(n, 20))))
+    calls_before = model_calls[0]
+    latencies.clear()
+    cpu = time.thread_time()
+    started = time.perf_counter()
+    await asyncio.gather(*(converse(f"c{i}") for i in range(n)))
+    wall = time.perf_counter() - started
+    cpu = time.thread_time() - cpu
+    calls = model_calls[0] - calls_before
+    for i in range(n):
+        await runtime.wait_idle(f"test:c{i}", 30)
+    lost = sum(len(channel.texts(f"c{i}")) != m for i in range(n))
+    await close_runtime(runtime, store)
+    return {
+        "wall": wall,
+        "calls": calls,
+        "p50": pct(latencies, 50),
+        "p95": pct(latencies, 95),
+        "p99": pct(latencies, 99),
+        "max": max(latencies),
+        "lost": lost,
+        "cpu_per_turn": cpu / max(calls, 1),
+    }
+
+
+async def burst(
+    model: ModelServer, home: Path, count: int, spacing: float = 0.0
+) -> dict[str, float]:
+    runtime, channel, store, model_calls = await open_runtime(model.base_url, home, 32)
+    started = time.perf_counter()
+    if spacing:
+        for i in range(count):
+            await channel.say(f"burst {i}", "burst")
+            await asyncio.sleep(spacing)
+    else:
+        await asyncio.gather(*(channel.say(f"burst {i}", "burst") for i in range(count)))
+    received = time.perf_counter() - started
+    await runtime.wait_idle("test:burst", 60)
+    # wait_idle covers the worker; all messages are answered once inbound.done reaches the last
+    tape = Tape.for_session(store, "test:burst", runtime.settings.workspace)
+    done = await tape.query(kinds=["event"], names=["inbound.done"])
+    wall = time.perf_counter() - started
+    result = {
+        "received_s": received,
+        "wall": wall,
+        "calls": model_calls[0],
+        "replies": len(channel.texts("burst")),
+        "turns": len(done),
+    }
+    await close_runtime(runtime, store)
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=500)
+    parser.add_argument("--messages", type=int, default=5)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--in-process-model", action="store_true")
+    parser.add_argument("--http", choices=["httpx", "aiohttp"], default="httpx")
+    args = parser.parse_args()
+    n, m, latency = args.conversations, args.messages, args.latency
+
+    async with ModelServer(latency, args.in_process_model) as model:
+        where = "in this process" if args.in_process_model else "in a child process"
+        print(
+            f"fake model: {latency * 1000:.0f} ms per request, {where}; SDK transport {args.http}"
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            res = await conversations(model, Path(tmp) / "conv", n, m, args.http)
+        ideal = m * latency
+        total = n * m
+        print(
+            f"\n{n} conversations x {m} messages (next after each reply),"
+            f" BUB_MAX_CONCURRENT_TURNS={n}"
+        )
+        print(f"  wall time        {res['wall']:.2f} s   (ideal {ideal:.2f} s)")
+        print(f"  ratio to ideal   {res['wall'] / ideal:.2f}   (target <= 1.3)")
+        print(f"  messages/s       {total / res['wall']:.0f}")
+        print(f"  model calls      {res['calls']:.0f}   (messages {total})")
+        print(
+            f"  reply latency    p50 {res['p50'] * 1000:.0f} ms  p95 {res['p95'] * 1000:.0f} ms"
+            f"  p99 {res['p99'] * 1000:.0f} ms  max {res['max'] * 1000:.0f} ms"
+        )
+        print(
+            f"  event-loop CPU   {res['cpu_per_turn'] * 1000:.2f} ms per turn"
+            f"   (budget for the target: {1.3 * ideal / total * 1000:.2f} ms)"
+        )
+        print(f"  conversations missing a reply: {res['lost']:.0f}")
+        print(f"  peak RSS         {peak_rss_mb():.0f} MB (bot process)")
+
+        for spacing in (0.0, 0.02):
+            with tempfile.TemporaryDirectory() as tmp:
+                res = await burst(model, Path(tmp) / "burst", args.burst, spacing)
+            how = "at once" if not spacing else f"{spacing * 1000:.0f} ms apart"
+            print(f"\none session, {args.burst} messages {how}")
+            print(f"  all stored in    {res['received_s'] * 1000:.0f} ms")
+            print(
+                f"  model calls      {res['calls']:.0f}   (turns {res['turns']:.0f},"
+                f" replies sent {res['replies']:.0f})"
+            )
+            print(f"  all answered in  {res['wall']:.2f} s")
+        print(f"\npeak RSS {peak_rss_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
