@@ -226,6 +226,10 @@ class Runtime:
         self._wake(session)
         return Received(new=True, entry_id=entry_id)
 
+    def note_inbound(self, channel: str, outcome: str) -> None:
+        """Count a platform message a channel did not store ("ignored" or "denied")."""
+        self._emit("inbound", channel=channel, outcome=outcome)
+
     async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
         """Whether this session's tape has anything on it (e.g. the bot answered there)."""
         tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
@@ -313,8 +317,7 @@ class Runtime:
             await self._mark_done(session, max(through, session.cursor or 0))
             return True
         log.info("reply.resume session=%s entry=%d", session.id, reply.id)
-        await self._deliver(session, source, reply)
-        await self._mark_done(session, through, reply=reply.id, resumed=True)
+        await self._finish(session, source, reply, through, fresh=False, resumed=True)
         return True
 
     @staticmethod
@@ -365,7 +368,6 @@ class Runtime:
             turn_id,
             len(messages),
         )
-        started = time.perf_counter()
 
         def hold_back(entries: list[TapeEntry]) -> list[TapeEntry]:
             barrier = session.barrier
@@ -381,17 +383,44 @@ class Runtime:
         await self._carry_into_phase(session, messages, items)
 
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
-        seen: int | None = None
+        # The indicator stays on until the answer is delivered, not just computed.
+        async with _safe(working, session.id):
+            reply, seen = await self._turn(session, turn_id, head, hold_back, channel_name)
+            # Re-read what is pending now: messages that reached the model mid-turn are covered.
+            items = await session.tape.query(
+                after_id=session.cursor or 0, kinds=["message", "event"]
+            )
+            if reply is None:
+                covered = self._covered([e for e in items if _is_pending(e)], TapeEntry.system(""))
+                await self._mark_done(session, covered)
+                return
+            pending_now = [e for e in items if _is_pending(e) and e.id < reply.id]
+            through = self._covered(pending_now, reply, seen)
+            source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
+            await self._finish(session, source, reply, through, fresh=True, turn=turn_id)
+        session.barrier = None
+
+    async def _turn(
+        self,
+        session: Session,
+        turn_id: str,
+        head: TapeEntry,
+        hold_back: Callable[[list[TapeEntry]], list[TapeEntry]],
+        channel_name: str,
+    ) -> tuple[TapeEntry | None, int | None]:
+        """Run the agent; returns the reply entry and the newest entry id the model saw.
+
+        A failure of any kind becomes a short note to the user and an `error` entry."""
+        started = time.perf_counter()
         try:
-            async with _safe(working, session.id):
-                result = await self.agent.run_turn(
-                    session.tape,
-                    workspace=session.workspace,
-                    entry_filter=hold_back,
-                    turn_id=turn_id,
-                    turn_start=head.id - 1,
-                )
-        except (ModelError, Exception) as exc:
+            result = await self.agent.run_turn(
+                session.tape,
+                workspace=session.workspace,
+                entry_filter=hold_back,
+                turn_id=turn_id,
+                turn_start=head.id - 1,
+            )
+        except Exception as exc:
             log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
             written = await session.tape.append_many(
                 [
@@ -402,40 +431,23 @@ class Runtime:
                 ]
             )
             self._emit("turn", channel=channel_name, outcome="error")
-            reply = written[-1]
-        else:
-            # Messages that arrived while the last model call was in flight are older than the
-            # reply but were never seen: they start the next turn.
-            seen = max(result.seen_through, head.id)
-            reply = (
-                (await session.tape.query(after_id=result.reply_entry - 1, limit=1))[0]
-                if result.reply_entry
-                else None
-            )
-            outcome = (
-                "auto_handoff" if result.auto_handoff and result.status == "ok" else result.status
-            )
-            self._emit("turn", channel=channel_name, outcome=outcome)
-            log.info(
-                "turn.end session=%s turn=%s status=%s steps=%d elapsed_ms=%.0f",
-                session.id,
-                turn_id,
-                result.status,
-                result.steps,
-                (time.perf_counter() - started) * 1000,
-            )
-        # Re-read what is pending now: messages that reached the model mid-turn are covered.
-        items = await session.tape.query(after_id=session.cursor or 0, kinds=["message", "event"])
-        if reply is None:
-            covered = self._covered([e for e in items if _is_pending(e)], TapeEntry.system(""))
-            await self._mark_done(session, covered)
-            return
-        pending_now = [e for e in items if _is_pending(e) and e.id < reply.id]
-        through = self._covered(pending_now, reply, seen)
-        source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
-        await self._deliver(session, source, reply)
-        await self._mark_done(session, through, reply=reply.id, turn=turn_id)
-        session.barrier = None
+            return written[-1], None
+        outcome = "auto_handoff" if result.auto_handoff and result.status == "ok" else result.status
+        self._emit("turn", channel=channel_name, outcome=outcome)
+        log.info(
+            "turn.end session=%s turn=%s status=%s steps=%d elapsed_ms=%.0f",
+            session.id,
+            turn_id,
+            result.status,
+            result.steps,
+            (time.perf_counter() - started) * 1000,
+        )
+        reply = result.entry
+        if reply is None and result.reply_entry:
+            reply = await self.store.get(session.tape.name, result.reply_entry)
+        # Messages that arrived while the last model call was in flight are older than the
+        # reply but were never seen: they start the next turn.
+        return reply, max(result.seen_through, head.id)
 
     async def _carry_into_phase(
         self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
@@ -550,8 +562,7 @@ class Runtime:
                 context=False,
             )
         )
-        await self._deliver(session, command, done)
-        await self._mark_done(session, command.id, reply=done.id)
+        await self._finish(session, command, done, command.id, fresh=True)
 
     async def _handoff(self, session: Session, command: commands.Command) -> str:
         tape = session.tape
@@ -587,18 +598,36 @@ class Runtime:
         return f"Handed off ({command.anchor_name}).{note}"
 
     # -- delivery ------------------------------------------------------------------------------
-    async def _deliver(self, session: Session, source: TapeEntry, reply: TapeEntry) -> None:
-        """Send `reply`'s text in pieces, skipping pieces already recorded as sent."""
-        text = _reply_text(reply)
-        sent = await session.tape.query(
-            after_id=reply.id, kinds=["event"], names=[REPLY_SENT, "reply.unknown"]
+    async def _finish(
+        self,
+        session: Session,
+        source: TapeEntry,
+        reply: TapeEntry,
+        through: int,
+        *,
+        fresh: bool,
+        **data: Any,
+    ) -> None:
+        """Deliver `reply` and mark the inbound entries up to `through` as handled.
+
+        The last piece's `reply.sent` and the `inbound.done` marker are one write. A `fresh`
+        reply has no pieces sent yet; otherwise the pieces already recorded are skipped.
+        """
+        done: set[int] = set()
+        if not fresh:
+            sent = await session.tape.query(
+                after_id=reply.id, kinds=["event"], names=[REPLY_SENT, "reply.unknown"]
+            )
+            done = {
+                e.payload["data"].get("chunk")
+                for e in sent
+                if e.payload["data"].get("reply") == reply.id
+            }
+        marker = TapeEntry.event(
+            DONE, {"through": through, "reply": reply.id, **data}, context=False
         )
-        done = {
-            e.payload["data"].get("chunk")
-            for e in sent
-            if e.payload["data"].get("reply") == reply.id
-        }
-        await self._send(session, source, text, reply.id, skip=done)
+        await self._send(session, source, _reply_text(reply), reply.id, skip=done, then=[marker])
+        session.cursor = through
 
     async def _send(
         self,
@@ -607,7 +636,11 @@ class Runtime:
         text: str,
         reply_id: int | None,
         skip: set[int] | None = None,
+        then: list[TapeEntry] | None = None,
     ) -> None:
+        """Send `text` piece by piece, recording each; `then` is written with the last
+        piece's record (or after the last attempt when that piece was not sent)."""
+        then = list(then or [])
         channel_name = source.meta.get("channel", "")
         channel = self.channels.get(channel_name)
         target = source.meta.get("reply_target") or {}
@@ -617,12 +650,15 @@ class Runtime:
             log.error(
                 "reply.failed session=%s: channel %r is not running", session.id, channel_name
             )
-            await session.tape.append(
-                TapeEntry.event(
-                    "reply.failed",
-                    {"reply": reply_id, "error": f"channel {channel_name!r} not running"},
-                    context=False,
-                )
+            await session.tape.append_many(
+                [
+                    TapeEntry.event(
+                        "reply.failed",
+                        {"reply": reply_id, "error": f"channel {channel_name!r} not running"},
+                        context=False,
+                    ),
+                    *then,
+                ]
             )
             return
         pieces = channel.split(text)
@@ -634,34 +670,51 @@ class Runtime:
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
-                await session.tape.append(
-                    TapeEntry.event(
-                        "reply.unknown",
-                        {"reply": reply_id, "chunk": index, "error": str(exc)},
-                        context=False,
-                    )
+                last = index == len(pieces) - 1
+                await session.tape.append_many(
+                    [
+                        TapeEntry.event(
+                            "reply.unknown",
+                            {"reply": reply_id, "chunk": index, "error": str(exc)},
+                            context=False,
+                        ),
+                        *(then if last else []),
+                    ]
                 )
+                if last:
+                    then = []
                 self._emit("reply", channel=channel_name, outcome="unknown")
                 continue
             except (DeliveryError, Exception) as exc:
                 log.error("reply.failed session=%s chunk=%d: %s", session.id, index, exc)
-                await session.tape.append(
-                    TapeEntry.event(
-                        "reply.failed",
-                        {"reply": reply_id, "chunk": index, "error": str(exc)},
-                        context=False,
-                    )
+                await session.tape.append_many(
+                    [
+                        TapeEntry.event(
+                            "reply.failed",
+                            {"reply": reply_id, "chunk": index, "error": str(exc)},
+                            context=False,
+                        ),
+                        *then,
+                    ]
                 )
                 self._emit("reply", channel=channel_name, outcome="failed")
                 return
-            await session.tape.append(
-                TapeEntry.event(
-                    REPLY_SENT,
-                    {"reply": reply_id, "chunk": index, "of": len(pieces), "ids": list(ids)},
-                    context=False,
-                )
+            last = index == len(pieces) - 1
+            await session.tape.append_many(
+                [
+                    TapeEntry.event(
+                        REPLY_SENT,
+                        {"reply": reply_id, "chunk": index, "of": len(pieces), "ids": list(ids)},
+                        context=False,
+                    ),
+                    *(then if last else []),
+                ]
             )
+            if last:
+                then = []
             self._emit("reply", channel=channel_name, outcome="sent")
+        if then:
+            await session.tape.append_many(then)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def resume(self, sessions: set[str] | None = None) -> int:

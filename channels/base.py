@@ -69,6 +69,10 @@ class Received:
         return not self.new
 
 
+DENIED = "denied"
+"""What a channel's message filter returns for a sender outside the allowlists."""
+
+
 class DeliveryError(Exception):
     """A reply piece was not delivered and retrying it will not help."""
 
@@ -86,6 +90,9 @@ class RuntimeLike(Protocol):
     async def receive(self, inbound: Inbound) -> Received: ...
 
     async def session_known(self, session_id: str) -> bool: ...
+
+    def note_inbound(self, channel: str, outcome: str) -> None:
+        """Count a message that was not stored: "ignored" (not for us) or "denied"."""
 
 
 @runtime_checkable

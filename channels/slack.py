@@ -41,7 +41,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from bub_bot.commands import COMMANDS, strip_mention
 from bub_bot.config import ConfigError, Settings
 
-from .base import DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
 from .slack_format import format_and_split
 
 log = logging.getLogger("channels.slack")
@@ -203,15 +203,17 @@ class SlackChannel:
     async def _on_message_event(self, body: dict[str, Any]) -> None:
         runtime = self._require_runtime()
         inbound = await self._inbound(body, runtime)
-        if inbound is not None:
-            await runtime.receive(inbound)
+        if inbound is None or inbound == DENIED:
+            runtime.note_inbound(self.name, "ignored" if inbound is None else DENIED)
+            return
+        await runtime.receive(inbound)
 
     def _require_runtime(self) -> RuntimeLike:
         if self.runtime is None:
             raise RuntimeError("the Slack channel is not started")
         return self.runtime
 
-    async def _inbound(self, body: dict[str, Any], runtime: RuntimeLike) -> Inbound | None:
+    async def _inbound(self, body: dict[str, Any], runtime: RuntimeLike) -> Inbound | str | None:
         """The Inbound for a message event, or None when it is not for us."""
         event = body.get("event") or {}
         kind = event.get("type")
@@ -245,7 +247,7 @@ class SlackChannel:
             session = f"slack:{team}:{channel}:{thread_ts}"
             reply_thread = thread_ts
             if not self._allowed(user, channel):
-                return None
+                return DENIED
             if not await runtime.session_known(session):
                 return None
         else:
@@ -254,7 +256,7 @@ class SlackChannel:
             log.info("slack.not_allowed user=%s channel=%s", user, channel)
             if is_dm:
                 self._notify_not_enabled(channel, thread_ts)
-            return None
+            return DENIED
         profile = event.get("user_profile") or {}
         name = profile.get("display_name") or profile.get("real_name") or event.get("username")
         return Inbound(

@@ -53,7 +53,7 @@ from pydantic import ValidationError
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
 from .telegram_format import LIMIT, html_to_text, split_markdown
 
 log = logging.getLogger("channels.telegram")
@@ -353,8 +353,10 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram.update_skipped update=%d", update.update_id)
             return
-        if inbound is not None:
-            await self._runtime.receive(inbound)
+        if inbound is None or inbound == DENIED:
+            self._runtime.note_inbound(self.name, "ignored" if inbound is None else DENIED)
+            return
+        await self._runtime.receive(inbound)
 
     def _is_allowed(self, message: Message) -> bool:
         user, chat = message.from_user, message.chat
@@ -393,7 +395,7 @@ class TelegramChannel:
             and reply.forum_topic_created is None
         )
 
-    async def _inbound(self, message: Message, update_id: int) -> Inbound | None:
+    async def _inbound(self, message: Message, update_id: int) -> Inbound | str | None:
         chat, user = message.chat, message.from_user
         if message.migrate_to_chat_id:
             self._migrated[chat.id] = message.migrate_to_chat_id
@@ -410,7 +412,7 @@ class TelegramChannel:
                 await self._hint(user.id)
             else:
                 log.info("telegram.ignored unauthorised user=%d chat=%d", user.id, chat.id)
-            return None
+            return DENIED
         bot_names = (f"@{self.username}",) if self.username else ()
         body, images = await self._content(message)
         text = body

@@ -187,7 +187,11 @@ async def test_max_steps_ends_with_a_recorded_note(fake_openai, agent, tape, mon
     assert len(fake_openai.completion_requests()) == 3
     assert "3 steps" in result.reply
     (notice,) = await events(tape, "turn.notice")
-    assert notice.payload["data"] == {"status": "max_steps", "text": result.reply}
+    assert notice.payload["data"] == {
+        "status": "max_steps",
+        "text": result.reply,
+        "seen_through": result.seen_through,
+    }
     assert notice.id == result.reply_entry
     assert await step_statuses(tape) == ["continue"] * 3
     assert len(await tape.query(kinds=["tool_result"])) == 3

@@ -113,7 +113,11 @@ async def test_double_overflow_then_the_session_still_works(fake_openai, agent, 
     retry = fake_openai.last_messages()
     assert [m["content"][:5] for m in retry[1:]] == ["HUGE "]
     (notice,) = await tape.query(kinds=["event"], names=["turn.notice"])
-    assert notice.payload["data"] == {"status": "overflow", "text": result.reply}
+    assert notice.payload["data"] == {
+        "status": "overflow",
+        "text": result.reply,
+        "seen_through": result.seen_through,
+    }
     assert notice.id == result.reply_entry
     assert len(await tape.query(kinds=["anchor"], names=[AUTO_HANDOFF_ANCHOR])) == 1
     (err,) = await tape.query(kinds=["error"])

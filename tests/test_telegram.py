@@ -262,6 +262,15 @@ async def test_unauthorised_group_sender_is_ignored_silently(
     await h.handled()
     assert tg.sent_to(GROUP) == []
     assert not await h.bot.runtime.session_known(f"telegram:{GROUP}")
+    # The metrics tell "not for us" apart from "not allowed".
+    tg.push_update(tg.group_text(GROUP - 1, USER, "chatter not addressed to the bot"))
+    await h.handled()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(h.server.url + "/metrics") as resp:
+            text = await resp.text()
+    assert 'bub_inbound_messages_total{channel="telegram",outcome="denied"} 1.0' in text
+    assert 'bub_inbound_messages_total{channel="telegram",outcome="ignored"} 1.0' in text
+    assert 'bub_inbound_messages_total{channel="telegram",outcome="new"} 1.0' in text
 
 
 async def test_forum_topic_has_its_own_session_and_is_answered_in_the_topic(

@@ -40,6 +40,8 @@ class TurnResult:
     steps: int = 0
     auto_handoff: bool = False
     usage: dict[str, int] = field(default_factory=dict)
+    entry: TapeEntry | None = None
+    """The reply entry itself (saves the runtime a read)."""
 
 
 class Agent:
@@ -82,12 +84,12 @@ class Agent:
         """
         workspace = workspace or self.settings.workspace
         started_turn = time.perf_counter()
-        await tape.ensure_bootstrap_anchor()
-        if turn_start is None:
-            turn_start = (await tape.store.stats(tape.name)).entries
         first = [TapeEntry.message(m) for m in new_messages]
         first.append(TapeEntry.event("loop.start", {"turn": turn_id}, context=False))
-        await tape.append_many(first)
+        # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
+        written = await tape.append_many(first, bootstrap=True)
+        if turn_start is None:
+            turn_start = written[0].id - 1
 
         ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings)
         usage_total: dict[str, int] = {}
@@ -185,7 +187,9 @@ class Agent:
             )
             if not reply.tool_calls:
                 final = TapeEntry.message(
-                    {"role": "assistant", "content": reply.content}, turn=turn_id
+                    {"role": "assistant", "content": reply.content},
+                    turn=turn_id,
+                    seen_through=seen_through,
                 )
                 written = await tape.append_many(
                     [
@@ -207,6 +211,7 @@ class Agent:
                     step,
                     auto_handed_off,
                     usage_total,
+                    written[0],
                 )
 
             step_entries = await self._run_tools(ctx, tape, reply)
@@ -285,11 +290,17 @@ class Agent:
         if error is not None:
             entries.append(TapeEntry.error(*error))
         entries.append(
-            TapeEntry.event("turn.notice", {"status": status, "text": message}, context=False)
+            TapeEntry.event(
+                "turn.notice",
+                {"status": status, "text": message, "seen_through": seen_through},
+                context=False,
+            )
         )
         written = await tape.append_many(entries)
         self._notify("turn", {"status": status})
-        return TurnResult(status, message, written[-1].id, seen_through, step, auto_handoff, usage)
+        return TurnResult(
+            status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]
+        )
 
 
 async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:

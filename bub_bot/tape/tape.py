@@ -50,9 +50,17 @@ class Tape:
         written = await self.append_many([entry])
         return written[0]
 
-    async def append_many(self, entries: Sequence[TapeEntry]) -> list[TapeEntry]:
-        """Append entries in one transaction."""
-        written = await self.store.append_many(self.name, entries, session_id=self.session_id)
+    async def append_many(
+        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+    ) -> list[TapeEntry]:
+        """Append entries in one transaction (after `session/start` if `bootstrap` and the
+        tape has no anchor yet)."""
+        written = await self.store.append_many(
+            self.name,
+            entries,
+            session_id=self.session_id,
+            bootstrap=self.bootstrap_anchor() if bootstrap else None,
+        )
         assert written is not None
         return written
 
