@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .logs import configure
 
     configure(settings)
-    if args.command == "chat":
+    if args.command in ("chat", "run"):
+        # The terminal is the conversation: only warnings and errors go to stderr.
         logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return asyncio.run(_dispatch(args, settings))

@@ -38,8 +38,12 @@ def strip_mention(text: str, bot_names: tuple[str, ...]) -> str:
     """Remove one leading mention of the bot (`@name`, `<@U123>`) and the separator after it."""
     stripped = text.lstrip()
     for name in bot_names:
-        if name and stripped.lower().startswith(name.lower()):
-            return stripped[len(name) :].lstrip(" ,:\u00a0")
+        if not name or not stripped.lower().startswith(name.lower()):
+            continue
+        rest = stripped[len(name) :]
+        if rest and (rest[0].isalnum() or rest[0] == "_"):
+            continue  # "@bottle" is not a mention of "@bot"
+        return rest.lstrip(" ,:\u00a0")
     return stripped
 
 

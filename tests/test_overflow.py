@@ -125,6 +125,8 @@ async def test_double_overflow_then_the_session_still_works(fake_openai, agent, 
 
     after = await bot.run_turn(tape, [{"role": "user", "content": "short one"}])
     assert (after.status, after.reply) == ("ok", "echo: short one")
+    # The too-long message was left behind an anchor: the next turn needs one request only.
+    assert len(fake_openai.completion_requests()) == 3 and not after.auto_handoff
     last = fake_openai.last_messages()
     assert last[-1] == {"role": "user", "content": "short one"}
     assert "HUGE" not in json.dumps(last) and "OLD-" not in json.dumps(last)

@@ -21,6 +21,7 @@ from .tools import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 AUTO_HANDOFF_ANCHOR = "auto_handoff/context_overflow"
+TOO_LONG_ANCHOR = "auto_handoff/message_too_long"
 EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
 
 
@@ -121,6 +122,13 @@ class Agent:
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
+                    # The message itself is too long: start the next turn after it, so the
+                    # session is not stuck re-sending it.
+                    await tape.append(
+                        TapeEntry.anchor(
+                            TOO_LONG_ANCHOR, {"reason": "message_too_long", "error": str(exc)}
+                        )
+                    )
                     return await self._end(
                         tape,
                         "overflow",
