@@ -127,6 +127,7 @@ class ModelClient:
                 base_url=self.base_url,
                 timeout=self._settings.model_timeout_seconds,
                 max_retries=self._settings.model_retries,
+                http_client=_http_client(self._settings),
             )
         return self._client
 
@@ -143,20 +144,25 @@ class ModelClient:
         timeout: float | None = None,
     ) -> ModelReply:
         """One chat completion. Raises ContextOverflow or ModelError (never SDK exceptions)."""
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
-            kwargs["tools"] = tools
+            body["tools"] = tools
         limit = max_tokens or self.max_tokens
         if limit:
-            kwargs["max_tokens"] = limit
-        if timeout is not None:
-            kwargs["timeout"] = timeout
+            body["max_tokens"] = limit
+        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         client = self.client
         import openai
+        from openai.types.chat import ChatCompletion
 
         started = time.perf_counter()
         try:
-            response = await client.chat.completions.create(**kwargs)
+            # The SDK's documented raw `post` (same auth, retries, Retry-After and error
+            # types as `chat.completions.create`) skips re-walking our already plain-JSON
+            # messages through its TypedDict transform: ~10 ms less CPU per call here.
+            response = await client.post(
+                "/chat/completions", cast_to=ChatCompletion, body=body, options=options
+            )
         except openai.APIStatusError as exc:
             if is_context_overflow(exc):
                 _, _, message = _error_fields(exc)
@@ -205,6 +211,20 @@ class ModelClient:
             latency_ms=latency_ms,
             finish_reason=choice.finish_reason,
         )
+
+
+def _http_client(settings: Settings) -> Any:
+    """The SDK's aiohttp transport when it has one: with hundreds of concurrent turns the
+    default httpx pool spends more CPU scanning its idle connections than on the requests."""
+    import openai
+
+    factory = getattr(openai, "DefaultAioHttpClient", None)
+    if factory is None:
+        return None
+    try:
+        return factory(timeout=settings.model_timeout_seconds)
+    except Exception:  # the optional transport is missing in this SDK build
+        return None
 
 
 def _status_message(status: int) -> str:
