@@ -14,6 +14,7 @@ from bub_bot.config import ConfigError, load_settings
 from bub_bot.tape import Tape, TapeEntry
 from tests.fakes.openai_server import (
     bad_tool_schema,
+    drop,
     error,
     rate_limited,
     server_error,
@@ -267,3 +268,12 @@ def test_missing_api_key_with_default_base_url_names_the_variable(monkeypatch, t
         openai_base_url="http://127.0.0.1:1/v1", workspace=tmp_path, _env_file=None
     )
     assert local.openai_api_key is None
+
+
+async def test_a_dropped_connection_is_reported_as_unreachable_not_slow(fake_openai, agent, tape):
+    fake_openai.script(drop())
+    result = await agent().run_turn(tape, [{"role": "user", "content": "hi"}])
+    assert result.status == "error"
+    assert "could not reach the model" in result.reply
+    (err,) = await tape.query(kinds=["error"])
+    assert err.payload["message"].startswith("cannot reach the model endpoint")

@@ -176,6 +176,11 @@ class ModelClient:
                 _status_message(exc.status_code),
             ) from exc
         except openai.APITimeoutError as exc:
+            if _dropped_connection(exc):
+                raise ModelError(
+                    f"cannot reach the model endpoint: {exc.__cause__}",
+                    "I could not reach the model service. Please try again in a moment.",
+                ) from exc
             raise ModelError(
                 "model request timed out", "The model took too long to answer. Please try again."
             ) from exc
@@ -211,6 +216,20 @@ class ModelClient:
             latency_ms=latency_ms,
             finish_reason=choice.finish_reason,
         )
+
+
+def _dropped_connection(exc: BaseException) -> bool:
+    """A refused or dropped connection that the aiohttp transport reported as a timeout."""
+    import aiohttp
+
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
+            cause, aiohttp.ServerTimeoutError | TimeoutError
+        ):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _http_client(settings: Settings) -> Any:
