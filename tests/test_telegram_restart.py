@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -38,6 +39,21 @@ async def wait_until(check: Callable[[], bool], timeout: float = 15.0) -> None:
         await asyncio.sleep(0.05)
 
 
+PROCFILE = Path(__file__).resolve().parents[1] / "Procfile"
+
+
+def procfile_web_command() -> list[str]:
+    """The `web:` process of the Procfile, split like a shell would."""
+    for line in PROCFILE.read_text().splitlines():
+        if line.startswith("web:"):
+            return shlex.split(line[len("web:") :])
+    raise AssertionError("the Procfile has no web process")
+
+
+def test_procfile_runs_bub_bot_serve() -> None:
+    assert procfile_web_command() == ["bub-bot", "serve"]
+
+
 class Serve:
     """One `bub-bot serve` process; its log goes to a file."""
 
@@ -47,8 +63,9 @@ class Serve:
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        exe = Path(sys.executable).with_name("bub-bot")
-        cmd = [str(exe), "serve"] if exe.exists() else [sys.executable, "-m", "bub_bot", "serve"]
+        # Exactly what a PaaS runs: the Procfile's web command, with $PORT in the environment.
+        cmd = procfile_web_command()
+        cmd[0] = str(Path(sys.executable).with_name(cmd[0]))
         with self.log.open("ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, env=self.env, cwd=self.cwd, stdout=out, stderr=out
