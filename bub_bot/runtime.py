@@ -276,7 +276,7 @@ class Runtime:
                     continue
                 async with self._slots:
                     if pending[0].kind == "event":
-                        await self._run_command(session, pending[0], pending[1:])
+                        await self._run_command(session, pending[0])
                     else:
                         await self._run_turn(session, pending, items)
         except asyncio.CancelledError:
@@ -353,10 +353,6 @@ class Runtime:
             messages.append(entry)
         if session.barrier is None:
             session.barrier = queued
-        expired = [e for e in messages if self._expired(e)]
-        if expired:
-            await self._expire(session, expired)
-            return
         turn_id = uuid.uuid4().hex[:12]
         channel_name = messages[-1].meta.get("channel", "")
         channel = self.channels.get(channel_name)
@@ -496,17 +492,12 @@ class Runtime:
         await self._send(session, last, text, note.id)
         await self._mark_done(session, last.id, expired=True)
 
-    async def _run_command(
-        self, session: Session, command: TapeEntry, later: list[TapeEntry]
-    ) -> None:
+    async def _run_command(self, session: Session, command: TapeEntry) -> None:
         data = command.payload.get("data", {})
         name = data.get("name", "")
         # Parse as `receive` did: a leading mention (`@bot /status`) is stripped again.
         names = tuple(data.get("bot_names") or ())
         parsed = commands.parse(data.get("text", ""), names, strict_target=False)
-        if self._expired(command):
-            await self._expire(session, [command])
-            return
         log.info("command.start session=%s command=/%s", session.id, name)
         tape = session.tape
         if parsed is None or parsed.error:
