@@ -281,10 +281,6 @@ class SQLiteTapeStore:
         assert archived is not None
         return archived
 
-    async def set_session(self, tape: str, session_id: str) -> None:
-        """Remember which session a tape belongs to (shown by `tapes list`)."""
-        await self._run(_set_session, tape, session_id, utc_now())
-
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
         """Entry and anchor counters for a tape (zeros for a tape never written)."""
@@ -531,20 +527,6 @@ def _reset(
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(tape_id, i, *row) for i, row in enumerate(rows, start=1)],
             )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _set_session(conn: sqlite3.Connection, tape: str, session_id: str, now: str) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        _tape_id(conn, tape, session_id, now)
-        conn.execute(
-            "UPDATE tapes SET session_id = ? WHERE name = ? AND session_id IS NOT ?",
-            (session_id, tape, session_id),
-        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
