@@ -267,11 +267,7 @@ class SQLiteTapeStore:
         the transaction so a message that arrives during the reset cannot vanish.
         """
         archived = archive_name(tape) if archive else None
-        rows = []
-        for e in first(archived) if first else ():
-            rows.append(
-                (e.kind, e.name, dumps(e.payload, "payload"), dumps(e.meta, "meta"), e.date)
-            )
+        rows = [_row(e) for e in (first(archived) if first else ())]
         await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
         return archived
 
