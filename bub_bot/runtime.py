@@ -25,7 +25,7 @@ from typing import Any
 from channels.base import Channel, DeliveryError, DeliveryUnknown, Inbound, Received
 
 from . import commands
-from .agent import Agent
+from .agent import Agent, summary_note
 from .agent.model import ModelError
 from .config import Settings
 from .tape import SQLiteTapeStore, Tape, TapeEntry
@@ -461,15 +461,7 @@ class Runtime:
             return
         after = await session.tape.query(after_id=anchor, kinds=["message"], names=["user"])
         present = {e.meta.get("copy_of") for e in after}
-        copies = [
-            TapeEntry.message(
-                e.payload,
-                **{k: v for k, v in e.meta.items() if k != "delivery_key"},
-                copy_of=e.id,
-            )
-            for e in behind
-            if e.id not in present
-        ]
+        copies = [e.copy_after_anchor() for e in behind if e.id not in present]
         if copies:
             await session.tape.append_many(copies)
 
@@ -577,12 +569,7 @@ class Runtime:
         then: list[TapeEntry] = []
         if summary:
             state["summary"] = summary
-            then.append(
-                TapeEntry.message(
-                    {"role": "user", "content": f"[Summary of the previous phase]\n{summary}"},
-                    handoff_summary=True,
-                )
-            )
+            then.append(summary_note(summary))
         await tape.handoff(command.anchor_name, state, then=then)
         if summary:
             return f"Handed off ({command.anchor_name}). Summary carried into the next phase:\n{summary}"

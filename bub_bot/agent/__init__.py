@@ -1,6 +1,6 @@
 """The agent: model client, tools, spill sidecar, and the turn loop."""
 
-from .builtin import default_registry, handoff_entries
+from .builtin import default_registry, summary_note
 from .loop import AUTO_HANDOFF_ANCHOR, Agent, TurnResult
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply, is_context_overflow
 from .tools import Tool, ToolContext, ToolError, ToolRegistry
@@ -18,6 +18,6 @@ __all__ = [
     "ToolRegistry",
     "TurnResult",
     "default_registry",
-    "handoff_entries",
     "is_context_overflow",
+    "summary_note",
 ]

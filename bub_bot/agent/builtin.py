@@ -24,14 +24,13 @@ def _brief(entry: TapeEntry) -> dict[str, Any]:
     return {"id": entry.id, "kind": entry.kind, "date": entry.date, "payload": text}
 
 
-def handoff_entries(name: str, summary: str, owner: str) -> tuple[TapeEntry, list[TapeEntry]]:
-    """The anchor for a handoff with a summary, and the model input that follows it."""
-    anchor = TapeEntry.anchor(name, {"summary": summary, "owner": owner})
-    note = TapeEntry.message(
+def summary_note(summary: str) -> TapeEntry:
+    """A handoff's summary as model input, written right after its anchor (seed 003: a
+    handoff does not inject its state by itself)."""
+    return TapeEntry.message(
         {"role": "user", "content": f"[Summary of the previous phase]\n{summary}"},
         handoff_summary=True,
     )
-    return anchor, [note]
 
 
 def _resolve(ctx: ToolContext, path: str) -> Path:
@@ -108,12 +107,13 @@ def register_builtins(registry: ToolRegistry) -> ToolRegistry:
         """Start a new phase of this conversation: earlier messages leave your context and the summary is carried over."""
         if ctx.handed_off:
             raise ToolError("already handed off in this step")
-        anchor, after = handoff_entries(name, summary, "agent")
+        state = {"summary": summary, "owner": "agent"}
+        # The same entries as Tape.handoff + /handoff <text>, written after this step.
         ctx.deferred.extend(
             [
-                anchor,
-                TapeEntry.event("handoff", {"name": name, "state": anchor.payload["state"]}),
-                *after,
+                TapeEntry.anchor(name, state),
+                TapeEntry.event("handoff", {"name": name, "state": state}),
+                summary_note(summary),
             ]
         )
         ctx.handed_off = True
@@ -160,4 +160,4 @@ def default_registry() -> ToolRegistry:
     return register_builtins(ToolRegistry())
 
 
-__all__ = ["AnchorNotFound", "default_registry", "handoff_entries", "register_builtins"]
+__all__ = ["AnchorNotFound", "default_registry", "register_builtins", "summary_note"]

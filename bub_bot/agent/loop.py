@@ -318,9 +318,7 @@ async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
     for entry in found:
         if entry.meta.get("handoff_summary") or entry.meta.get("copy_of"):
             continue
-        meta = {k: v for k, v in entry.meta.items() if k not in ("delivery_key",)}
-        meta["copy_of"] = entry.id
-        copies.append(TapeEntry.message(entry.payload, **meta))
+        copies.append(entry.copy_after_anchor())
     return copies
 
 

@@ -90,6 +90,14 @@ class TapeEntry:
             return self.payload.get("role")
         return None
 
+    def copy_after_anchor(self) -> TapeEntry:
+        """This message written again after a new anchor (auto-handoff, a /handoff that
+        overtook it): same payload and meta, `copy_of` pointing back; the delivery key stays
+        with the original so the copy is never taken for a new inbound message."""
+        meta = {k: v for k, v in self.meta.items() if k != "delivery_key"}
+        meta["copy_of"] = self.id
+        return TapeEntry(self.kind, self.payload, meta)
+
     def to_json(self) -> dict[str, Any]:
         """The entry as a plain dict (the JSONL export format)."""
         return {
