@@ -712,15 +712,18 @@ class Runtime:
             pending = [e for e in items if _is_pending(e)]
             if not pending and not _unhandled_replies(items):
                 continue
-            channel = (pending or items)[-1].meta.get("channel")
-            if channel and channel not in self.channels:
+            # The channel of the newest inbound entry (an unanswered reply's message is among
+            # them too); a session whose channel is not running now stays as it is.
+            channel = next(
+                (e.meta["channel"] for e in reversed(items) if e.meta.get("inbound")), None
+            )
+            if channel not in self.channels:
                 continue
             session = self._sessions.get(summary.session_id)
             if session is None:
                 session = Session(summary.session_id, tape, self.settings.workspace)
                 session.idle.set()
                 self._sessions[summary.session_id] = session
-                session.tape = tape
             session.cursor = cursor
             self._wake(session)
             woken += 1
