@@ -233,7 +233,7 @@ class Runtime:
     async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
         """Whether this session's tape has anything on it (e.g. the bot answered there)."""
         tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
-        return (await self.store.stats(tape.name)).entries > 0
+        return bool(await self.store.query(tape.name, limit=1))
 
     def _wake(self, session: Session) -> None:
         session.dirty = True

@@ -146,7 +146,7 @@ class Tape:
         return found[::-1]
 
     async def info(self) -> TapeInfo:
-        """Counts from the tape's counters plus two indexed lookups; never a scan."""
+        """Counts from index lookups (newest id, anchors, newest `run` event); never a scan."""
         stats = await self.store.stats(self.name)
         last_anchor = None
         if stats.last_anchor_id:
