@@ -94,7 +94,9 @@ class TapeEntry:
         """This message written again after a new anchor (auto-handoff, a /handoff that
         overtook it): same payload and meta, `copy_of` pointing back; the delivery key stays
         with the original so the copy is never taken for a new inbound message."""
-        meta = {k: v for k, v in self.meta.items() if k != "delivery_key"}
+        # Neither the delivery key nor the inbound flag: a copy is never a new inbound
+        # message, and a /reset never carries it into the fresh conversation.
+        meta = {k: v for k, v in self.meta.items() if k not in ("delivery_key", "inbound")}
         meta["copy_of"] = self.id
         return TapeEntry(self.kind, self.payload, meta)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,10 @@ class Tape:
         return written[0]
 
     @staticmethod
-    def bootstrap_anchor() -> TapeEntry:
-        """The `session/start` anchor every tape begins with."""
-        return TapeEntry.anchor(BOOTSTRAP_ANCHOR, {"owner": "human"})
+    def bootstrap_anchor(workspace: str | Path | None = None) -> TapeEntry:
+        """The `session/start` anchor every tape begins with; it records the session's
+        workspace so a resume (or another replica) works in the same one."""
+        return TapeEntry.anchor(BOOTSTRAP_ANCHOR, _start_state(workspace))
 
     async def ensure_bootstrap_anchor(self) -> TapeEntry | None:
         """Write `session/start` if the tape has no anchor yet; returns it when written."""
@@ -116,20 +117,24 @@ class Tape:
         *,
         carry: Sequence[TapeEntry] = (),
         carry_inbound_after: int | None = None,
+        then: Callable[[str | None], TapeEntry] | None = None,
+        workspace: str | Path | None = None,
     ) -> str | None:
         """Archive (by default) and clear the tape and its sidecars, then write `session/start`.
 
         One transaction. `carry` entries are re-written after the new anchor; with
         `carry_inbound_after`, inbound messages after that id follow them (messages queued
-        behind a /reset must not vanish into the archive).
+        behind a /reset must not vanish into the archive). `then(archive_name)` makes an entry
+        written right after the new anchor in the same transaction (the /reset reply).
         """
 
         def first(archived: str | None) -> list[TapeEntry]:
-            state: dict[str, Any] = {"owner": "human"}
+            state = _start_state(workspace)
             if archived:
                 state["archived"] = archived
             carried = [TapeEntry(e.kind, e.payload, e.meta, e.date) for e in carry]
-            return [TapeEntry.anchor(BOOTSTRAP_ANCHOR, state), *carried]
+            made = [then(archived)] if then is not None else []
+            return [TapeEntry.anchor(BOOTSTRAP_ANCHOR, state), *made, *carried]
 
         return await self.store.reset(
             self.name, archive=archive, first=first, carry_inbound_after=carry_inbound_after
@@ -176,3 +181,10 @@ class Tape:
     ) -> list[dict[str, Any]]:
         """The model messages for a view (default: after the last anchor)."""
         return selector(await self.read_entries(**view))
+
+
+def _start_state(workspace: str | Path | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"owner": "human"}
+    if workspace is not None:
+        state["workspace"] = str(workspace)
+    return state

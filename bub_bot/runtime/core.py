@@ -1,12 +1,4 @@
-"""The runtime: inbound -> session tape -> one turn at a time per session -> reply.
-
-The tape is the queue. `receive` writes the user's message (or command) and its dedupe
-keys in one transaction before the channel acknowledges the platform; a per-session
-worker then processes whatever is on the tape after the session's cursor, in order. Every
-step leaves a fact behind (`reply.sent`, `inbound.done`), so after a crash the worker picks
-up exactly where the facts stop: an answer already computed is delivered, not recomputed,
-and a message never answered is answered once.
-"""
+"""The Runtime: ingress, the per-session worker, turns, resume and shutdown."""
 
 from __future__ import annotations
 
@@ -17,99 +9,28 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from channels.base import Channel, DeliveryError, DeliveryUnknown, Inbound, Received
+from channels.base import Channel, Inbound, Received
 
-from . import commands
-from .agent import Agent, summary_note
-from .agent.model import ModelError
-from .config import Settings
-from .tape import SQLiteTapeStore, Tape, TapeEntry
+from .. import commands
+from ..agent import Agent
+from ..config import Settings
+from ..tape import BOOTSTRAP_ANCHOR, SQLiteTapeStore, Tape, TapeEntry
+from .command_runner import CommandRunner
+from .delivery import Delivery
+from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
+from .session import Session
 
 log = logging.getLogger("bub_bot.runtime")
 
-DONE = "inbound.done"
-REPLY_SENT = "reply.sent"
 EXPIRED_NOTE = (
     "Sorry, I was offline and your earlier message{s} expired before I could answer."
     " Please send {it} again."
 )
 FAILED_NOTE = "Sorry, something went wrong while answering. Please try again."
-SUMMARY_PROMPT = (
-    "Summarise this conversation phase for whoever continues it: the goal, decisions, facts"
-    " and open questions, in a few short bullet points. Reply with the summary only."
-)
-
-
-def _is_pending(entry: TapeEntry) -> bool:
-    """An inbound user message or command not yet handled (copies do not count)."""
-    if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
-        return False
-    if entry.kind == "message":
-        return entry.payload.get("role") == "user"
-    return entry.kind == "event" and entry.payload.get("name") == "command"
-
-
-def _is_reply(entry: TapeEntry) -> bool:
-    """An entry whose text goes to the user: a turn's answer or notice, a command's reply."""
-    if entry.kind == "message":
-        return entry.payload.get("role") == "assistant" and "turn" in entry.meta
-    return entry.kind == "event" and entry.payload.get("name") in ("turn.notice", "command.done")
-
-
-def _unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
-    """Replies in `items` that no `inbound.done` has closed yet."""
-    handled = {
-        e.payload["data"].get("reply")
-        for e in items
-        if e.kind == "event" and e.payload.get("name") == DONE
-    }
-    return [e for e in items if _is_reply(e) and e.id not in handled]
-
-
-def _seen_through(reply: TapeEntry) -> int | None:
-    """The newest entry the model had seen when it wrote this reply (None: not recorded)."""
-    if reply.kind == "message":
-        value = reply.meta.get("seen_through")
-    else:
-        value = reply.payload.get("data", {}).get("seen_through")
-    return int(value) if isinstance(value, int) else None
-
-
-def _reply_text(entry: TapeEntry) -> str:
-    if entry.kind == "message":
-        content = entry.payload.get("content")
-        return content if isinstance(content, str) else ""
-    return str(entry.payload.get("data", {}).get("text", ""))
-
-
-def _age_seconds(entry: TapeEntry) -> float:
-    try:
-        then = datetime.fromisoformat(entry.date)
-    except ValueError:
-        return 0.0
-    return (datetime.now(UTC) - then).total_seconds()
-
-
-@dataclass
-class Session:
-    """In-memory bookkeeping for one conversation while it has work; rebuilt from the tape."""
-
-    id: str
-    tape: Tape
-    workspace: Path
-    cursor: int | None = None
-    """Newest inbound entry id that is handled (None: not read from the tape yet)."""
-    dirty: bool = False
-    running: bool = False
-    barrier: int | None = None
-    """Id of the first command waiting behind the running turn: later messages wait too."""
-    task: asyncio.Task[None] | None = None
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Runtime:
@@ -133,6 +54,8 @@ class Runtime:
         """Called with (event, data) for metrics: inbound, turn, reply."""
         self.last_inbound: dict[str, float] = {}
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        self.delivery = Delivery(self.channels, self._emit)
+        self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
 
     # -- observation ---------------------------------------------------------------------------
     def _emit(self, event: str, **data: Any) -> None:
@@ -185,6 +108,9 @@ class Runtime:
         }
         if inbound.meta:
             meta["platform"] = inbound.meta
+        sent_at = getattr(inbound, "sent_at", None)
+        if sent_at is not None:
+            meta["sent_at"] = sent_at
         if command is not None:
             data = {**command.to_json(), "text": inbound.text, "bot_names": list(inbound.bot_names)}
             entry = TapeEntry.event("command", data, **meta)
@@ -200,7 +126,7 @@ class Runtime:
             tape.name,
             [entry],
             dedupe_keys=keys,
-            bootstrap=Tape.bootstrap_anchor(),
+            bootstrap=Tape.bootstrap_anchor(inbound.workspace or self.settings.workspace),
             session_id=inbound.session_id,
         )
         self.last_inbound[inbound.channel] = time.monotonic()
@@ -263,7 +189,7 @@ class Runtime:
                 )
                 if await self._deliver_pending_reply(session, items):
                     continue
-                pending = [e for e in items if _is_pending(e)]
+                pending = [e for e in items if is_pending(e)]
                 if not pending:
                     if session.dirty:
                         continue
@@ -274,11 +200,18 @@ class Runtime:
                 if expired:
                     await self._expire(session, expired)
                     continue
-                async with self._slots:
-                    if pending[0].kind == "event":
-                        await self._run_command(session, pending[0])
-                    else:
-                        await self._run_turn(session, pending, items)
+                try:
+                    async with self._slots:
+                        if pending[0].kind == "event":
+                            await self.commands.run(session, pending[0])
+                        else:
+                            await self._run_turn(session, pending, items)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # Whatever broke, the entry is closed with a note: one bad entry must
+                    # never block the conversation (or be re-run on every wake and restart).
+                    await self._give_up(session, pending, exc)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -305,35 +238,51 @@ class Runtime:
         session.cursor = through
 
     async def _deliver_pending_reply(self, session: Session, items: list[TapeEntry]) -> bool:
-        """Finish delivering an answer that was computed but not fully sent (after a crash)."""
-        replies = _unhandled_replies(items)
+        """Finish delivering an answer that was computed but not fully sent (after a crash,
+        or the /reset reply written with the reset)."""
+        replies = unhandled_replies(items)
         if not replies:
             return False
         reply = replies[-1]
-        pending = [e for e in items if _is_pending(e) and e.id < reply.id]
-        through = self._covered(pending, reply)
+        pending = [e for e in items if is_pending(e) and e.id < reply.id]
+        through = max(covered(pending, reply), session.cursor or 0)
         source = next((e for e in reversed(pending) if e.id <= through), None)
+        if source is None and "reply_target" in reply.meta:
+            source = reply  # a reply that carries its own target (the /reset reply)
         if source is None:
-            await self._mark_done(session, max(through, session.cursor or 0))
+            await self._mark_done(session, through)
             return True
-        log.info("reply.resume session=%s entry=%d", session.id, reply.id)
-        await self._finish(session, source, reply, through, fresh=False, resumed=True)
+        log.info("reply.pending session=%s entry=%d", session.id, reply.id)
+        try:
+            await self.delivery.finish(session, source, reply, through, fresh=False, resumed=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reply.resume_failed session=%s entry=%d", session.id, reply.id)
+            await self._mark_done(session, through, reply=reply.id, failed=True)
         return True
 
-    @staticmethod
-    def _covered(pending: list[TapeEntry], reply: TapeEntry, seen: int | None = None) -> int:
-        """The newest inbound id a reply answers: a command's own id, or the messages before
-        the first command (the turn never saw what queued behind a command) that the model
-        had seen (`seen`, else what the reply recorded)."""
-        if reply.kind == "event" and reply.payload.get("name") == "command.done":
-            return int(reply.payload["data"].get("through", 0))
-        limit = seen if seen is not None else _seen_through(reply)
-        through = 0
-        for entry in pending:
-            if entry.kind == "event" or (limit is not None and entry.id > limit):
-                break
-            through = entry.id
-        return through
+    async def _give_up(self, session: Session, pending: list[TapeEntry], exc: Exception) -> None:
+        """Close the head of `pending` (a command, or the messages before the first command)
+        after an unexpected failure: an `error` entry, a short note to the user, done."""
+        head = pending[0]
+        through = head.id
+        if head.kind != "event":
+            for entry in pending:
+                if entry.kind == "event":
+                    break
+                through = entry.id
+        log.exception("session.failed session=%s entry=%d", session.id, head.id)
+        written = await session.tape.append_many(
+            [
+                TapeEntry.error("runtime", f"{type(exc).__name__}: {exc}"),
+                TapeEntry.event(
+                    "turn.notice", {"status": "error", "text": FAILED_NOTE}, context=False
+                ),
+            ]
+        )
+        source = next(e for e in reversed(pending) if e.id <= through)
+        await self.delivery.finish(session, source, written[-1], through, fresh=True)
 
     async def _run_turn(
         self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]
@@ -373,7 +322,10 @@ class Runtime:
             return [
                 e
                 for e in entries
-                if not (e.meta.get("inbound") and e.meta.get("copy_of", e.id) > barrier)
+                if not (
+                    (e.meta.get("inbound") or "copy_of" in e.meta)
+                    and e.meta.get("copy_of", e.id) > barrier
+                )
             ]
 
         await self._carry_into_phase(session, messages, items)
@@ -387,13 +339,13 @@ class Runtime:
                 after_id=session.cursor or 0, kinds=["message", "event"]
             )
             if reply is None:
-                covered = self._covered([e for e in items if _is_pending(e)], TapeEntry.system(""))
-                await self._mark_done(session, covered)
+                through = covered([e for e in items if is_pending(e)], TapeEntry.system(""))
+                await self._mark_done(session, through)
                 return
-            pending_now = [e for e in items if _is_pending(e) and e.id < reply.id]
-            through = self._covered(pending_now, reply, seen)
+            pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
+            through = covered(pending_now, reply, seen)
             source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
-            await self._finish(session, source, reply, through, fresh=True, turn=turn_id)
+            await self.delivery.finish(session, source, reply, through, fresh=True, turn=turn_id)
         session.barrier = None
 
     async def _turn(
@@ -466,9 +418,13 @@ class Runtime:
             await session.tape.append_many(copies)
 
     def _expired(self, entry: TapeEntry) -> bool:
-        """Only messages from before this process started can expire (found on resume)."""
+        """A message expires when it is older than the resume window and was either stored
+        before this process started (found on resume) or sent long before the platform
+        delivered it (a backlog after downtime: the platform's own time says so)."""
         window = self.settings.resume_window_seconds
-        return window > 0 and entry.date < self._started_at and _age_seconds(entry) > window
+        if window <= 0 or (entry.date >= self._started_at and "sent_at" not in entry.meta):
+            return False
+        return age_seconds(entry) > window
 
     async def _expire(self, session: Session, expired: list[TapeEntry]) -> None:
         """Old messages found after a restart: record them and send one note per session."""
@@ -481,218 +437,8 @@ class Runtime:
                 "inbound.expired", {"ids": [e.id for e in expired], "text": text}, context=False
             )
         )
-        await self._send(session, last, text, note.id)
+        await self.delivery.send(session, last, text, note.id)
         await self._mark_done(session, last.id, expired=True)
-
-    async def _run_command(self, session: Session, command: TapeEntry) -> None:
-        data = command.payload.get("data", {})
-        name = data.get("name", "")
-        # Parse as `receive` did: a leading mention (`@bot /status`) is stripped again.
-        names = tuple(data.get("bot_names") or ())
-        parsed = commands.parse(data.get("text", ""), names, strict_target=False)
-        log.info("command.start session=%s command=/%s", session.id, name)
-        tape = session.tape
-        if parsed is None or parsed.error:
-            text = parsed.error if parsed and parsed.error else commands.help_text()
-            await self._command_reply(session, command, text, ok=False)
-            return
-        if parsed.name == "reset":
-            archived = await tape.reset(archive=True, carry_inbound_after=command.id)
-            session.cursor = 0
-            self._emit("command", name="reset")
-            # The command and its reply target live on the archived tape now; reply directly.
-            text = f"Started a fresh conversation. The previous one is archived as {archived}."
-            await tape.append(
-                TapeEntry.event(
-                    "command.result",
-                    {"name": "reset", "archived": archived, "text": text},
-                    context=False,
-                )
-            )
-            await self._send(session, command, text, None)
-            return
-        if parsed.name == "handoff":
-            text = await self._handoff(session, parsed)
-        elif parsed.name == "status":
-            info = await tape.info()
-            usage = info.last_usage or {}
-            text = (
-                f"Entries: {info.entries}\nAnchors: {info.anchors}\n"
-                f"Last anchor: {info.last_anchor or '-'}\n"
-                f"Entries since it: {info.entries_since_anchor}\n"
-                f"Last token usage: {_usage_text(usage)}"
-            )
-        elif parsed.name == "anchors":
-            anchors = await tape.anchors(parsed.count)
-            lines = [
-                f"#{a.id} {a.payload['name']} ({a.date[:19].replace('T', ' ')} UTC)"
-                for a in anchors
-            ]
-            text = "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
-        else:
-            text = commands.help_text()
-        self._emit("command", name=parsed.name)
-        await self._command_reply(session, command, text, ok=True)
-
-    async def _command_reply(
-        self, session: Session, command: TapeEntry, text: str, *, ok: bool
-    ) -> None:
-        name = command.payload.get("data", {}).get("name")
-        done = await session.tape.append(
-            TapeEntry.event(
-                "command.done",
-                {"name": name, "ok": ok, "text": text, "through": command.id},
-                context=False,
-            )
-        )
-        await self._finish(session, command, done, command.id, fresh=True)
-
-    async def _handoff(self, session: Session, command: commands.Command) -> str:
-        tape = session.tape
-        summary = command.args
-        note = ""
-        if not summary:
-            try:
-                context = await tape.read_messages()
-                reply = await asyncio.wait_for(
-                    self.agent.model.complete(
-                        [*context, {"role": "user", "content": SUMMARY_PROMPT}],
-                        timeout=self.settings.handoff_summary_timeout_seconds,
-                    ),
-                    self.settings.handoff_summary_timeout_seconds + 5,
-                )
-                summary = reply.content.strip()
-            except (TimeoutError, ModelError) as exc:
-                log.warning("handoff.summary_failed session=%s: %s", session.id, exc)
-                note = " The model could not write a summary, so this phase starts without one."
-        state: dict[str, Any] = {"owner": "human"}
-        then: list[TapeEntry] = []
-        if summary:
-            state["summary"] = summary
-            then.append(summary_note(summary))
-        await tape.handoff(command.anchor_name, state, then=then)
-        if summary:
-            return f"Handed off ({command.anchor_name}). Summary carried into the next phase:\n{summary}"
-        return f"Handed off ({command.anchor_name}).{note}"
-
-    # -- delivery ------------------------------------------------------------------------------
-    async def _finish(
-        self,
-        session: Session,
-        source: TapeEntry,
-        reply: TapeEntry,
-        through: int,
-        *,
-        fresh: bool,
-        **data: Any,
-    ) -> None:
-        """Deliver `reply` and mark the inbound entries up to `through` as handled.
-
-        The last piece's `reply.sent` and the `inbound.done` marker are one write. A `fresh`
-        reply has no pieces sent yet; otherwise the pieces already recorded are skipped.
-        """
-        done: set[int] = set()
-        if not fresh:
-            sent = await session.tape.query(
-                after_id=reply.id, kinds=["event"], names=[REPLY_SENT, "reply.unknown"]
-            )
-            done = {
-                e.payload["data"].get("chunk")
-                for e in sent
-                if e.payload["data"].get("reply") == reply.id
-            }
-        marker = TapeEntry.event(
-            DONE, {"through": through, "reply": reply.id, **data}, context=False
-        )
-        await self._send(session, source, _reply_text(reply), reply.id, skip=done, then=[marker])
-        session.cursor = through
-
-    async def _send(
-        self,
-        session: Session,
-        source: TapeEntry,
-        text: str,
-        reply_id: int | None,
-        skip: set[int] | None = None,
-        then: list[TapeEntry] | None = None,
-    ) -> None:
-        """Send `text` piece by piece, recording each; `then` is written with the last
-        piece's record (or after the last attempt when that piece was not sent)."""
-        then = list(then or [])
-        channel_name = source.meta.get("channel", "")
-        channel = self.channels.get(channel_name)
-        target = source.meta.get("reply_target") or {}
-        if not text.strip():
-            text = "(no answer)"
-        if channel is None:
-            log.error(
-                "reply.failed session=%s: channel %r is not running", session.id, channel_name
-            )
-            await session.tape.append_many(
-                [
-                    TapeEntry.event(
-                        "reply.failed",
-                        {"reply": reply_id, "error": f"channel {channel_name!r} not running"},
-                        context=False,
-                    ),
-                    *then,
-                ]
-            )
-            return
-        pieces = channel.split(text)
-        for index, piece in enumerate(pieces):
-            if skip and index in skip:
-                continue
-            try:
-                ids = await channel.send(target, piece)
-            except DeliveryUnknown as exc:
-                # It may have been posted: record it and never post it again.
-                log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
-                last = index == len(pieces) - 1
-                await session.tape.append_many(
-                    [
-                        TapeEntry.event(
-                            "reply.unknown",
-                            {"reply": reply_id, "chunk": index, "error": str(exc)},
-                            context=False,
-                        ),
-                        *(then if last else []),
-                    ]
-                )
-                if last:
-                    then = []
-                self._emit("reply", channel=channel_name, outcome="unknown")
-                continue
-            except (DeliveryError, Exception) as exc:
-                log.error("reply.failed session=%s chunk=%d: %s", session.id, index, exc)
-                await session.tape.append_many(
-                    [
-                        TapeEntry.event(
-                            "reply.failed",
-                            {"reply": reply_id, "chunk": index, "error": str(exc)},
-                            context=False,
-                        ),
-                        *then,
-                    ]
-                )
-                self._emit("reply", channel=channel_name, outcome="failed")
-                return
-            last = index == len(pieces) - 1
-            await session.tape.append_many(
-                [
-                    TapeEntry.event(
-                        REPLY_SENT,
-                        {"reply": reply_id, "chunk": index, "of": len(pieces), "ids": list(ids)},
-                        context=False,
-                    ),
-                    *(then if last else []),
-                ]
-            )
-            if last:
-                then = []
-            self._emit("reply", channel=channel_name, outcome="sent")
-        if then:
-            await session.tape.append_many(then)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def resume(self, sessions: set[str] | None = None) -> int:
@@ -709,8 +455,8 @@ class Runtime:
             tape = Tape(self.store, summary.name, summary.session_id)
             cursor = await self._read_cursor(tape)
             items = await tape.query(after_id=cursor, kinds=["message", "event"])
-            pending = [e for e in items if _is_pending(e)]
-            if not pending and not _unhandled_replies(items):
+            pending = [e for e in items if is_pending(e)]
+            if not pending and not unhandled_replies(items):
                 continue
             # The channel of the newest inbound entry (an unanswered reply's message is among
             # them too); a session whose channel is not running now stays as it is.
@@ -721,15 +467,26 @@ class Runtime:
                 continue
             session = self._sessions.get(summary.session_id)
             if session is None:
-                session = Session(summary.session_id, tape, self.settings.workspace)
-                session.idle.set()
-                self._sessions[summary.session_id] = session
-            session.cursor = cursor
+                workspace = await self._recorded_workspace(tape)
+                # Checked again: the session may have come alive while we were reading.
+                session = self._sessions.get(summary.session_id)
+                if session is None:
+                    session = Session(summary.session_id, tape, workspace)
+                    session.idle.set()
+                    self._sessions[summary.session_id] = session
+            # Never set the cursor here: a live worker may have moved it since we read it,
+            # and rewinding it would answer messages twice. The worker reads its own.
             self._wake(session)
             woken += 1
         if woken:
             log.info("resume sessions=%d", woken)
         return woken
+
+    async def _recorded_workspace(self, tape: Tape) -> Path:
+        """The workspace the session's `session/start` anchor recorded (else BUB_WORKSPACE)."""
+        anchors = await tape.query(kinds=["anchor"], names=[BOOTSTRAP_ANCHOR], limit=1)
+        recorded = anchors[0].payload.get("state", {}).get("workspace") if anchors else None
+        return Path(recorded) if isinstance(recorded, str) and recorded else self.settings.workspace
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""
@@ -746,15 +503,6 @@ class Runtime:
                 log.warning(
                     "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
                 )
-
-
-def _usage_text(usage: dict[str, Any]) -> str:
-    if not usage:
-        return "-"
-    parts = [f"{usage.get('prompt_tokens', '?')} in", f"{usage.get('completion_tokens', '?')} out"]
-    if usage.get("cached_tokens"):
-        parts.append(f"{usage['cached_tokens']} cached")
-    return ", ".join(parts)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,167 @@
+"""Running chat commands (/handoff /reset /status /anchors /help) on a session's tape.
+
+Every command ends with a reply entry on the tape (`command.done`), whatever happened, so one
+bad command can never block the commands and messages queued behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .. import commands
+from ..agent import Agent, summary_note
+from ..agent.model import ModelError
+from ..config import Settings
+from ..tape import Tape, TapeEntry
+from .delivery import Delivery
+from .session import Session
+
+log = logging.getLogger("bub_bot.runtime")
+
+SUMMARY_PROMPT = (
+    "Summarise this conversation phase for whoever continues it: the goal, decisions, facts"
+    " and open questions, in a few short bullet points. Reply with the summary only."
+)
+COMMAND_FAILED_NOTE = "Sorry, that command failed. Nothing was changed; please try again."
+
+
+class CommandRunner:
+    """Runs one command entry of a session and records its reply."""
+
+    def __init__(
+        self, settings: Settings, agent: Agent, delivery: Delivery, emit: Callable[..., None]
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.delivery = delivery
+        self._emit = emit
+
+    async def run(self, session: Session, command: TapeEntry) -> None:
+        """Run `command`; a failure of any kind still ends in a recorded reply."""
+        data = command.payload.get("data", {})
+        # Parse as `receive` did: a leading mention (`@bot /status`) is stripped again.
+        names = tuple(data.get("bot_names") or ())
+        parsed = commands.parse(str(data.get("text", "")), names, strict_target=False)
+        log.info("command.start session=%s command=/%s", session.id, data.get("name", ""))
+        if parsed is None or parsed.error:
+            text = parsed.error if parsed and parsed.error else commands.help_text()
+            await self.reply(session, command, text, ok=False)
+            return
+        try:
+            if parsed.name == "reset":
+                await self._reset(session, command)
+                return
+            text = await self._text(session, parsed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("command.failed session=%s command=/%s", session.id, parsed.name)
+            await session.tape.append(
+                TapeEntry.error("command", f"/{parsed.name}: {type(exc).__name__}: {exc}")
+            )
+            await self.reply(session, command, COMMAND_FAILED_NOTE, ok=False)
+            return
+        self._emit("command", name=parsed.name)
+        await self.reply(session, command, text, ok=True)
+
+    async def reply(self, session: Session, command: TapeEntry, text: str, *, ok: bool) -> None:
+        """Record a command's reply and deliver it; the reply marks the command done."""
+        name = command.payload.get("data", {}).get("name")
+        done = await session.tape.append(
+            TapeEntry.event(
+                "command.done",
+                {"name": name, "ok": ok, "text": text, "through": command.id},
+                context=False,
+            )
+        )
+        await self.delivery.finish(session, command, done, command.id, fresh=True)
+
+    async def _reset(self, session: Session, command: TapeEntry) -> None:
+        """Archive and clear the tape. The reply is written in the reset's own transaction,
+        with the command's reply target (the command itself moves to the archive), so a crash
+        right after the reset still delivers it: the worker finds it as an unsent reply."""
+        target = {
+            "channel": command.meta.get("channel", ""),
+            "reply_target": command.meta.get("reply_target") or {},
+        }
+
+        def reply(archived: str | None) -> TapeEntry:
+            text = (
+                f"Started a fresh conversation. The previous one is archived as {archived}."
+                if archived
+                else "Started a fresh conversation (there was nothing to archive)."
+            )
+            data = {"name": "reset", "ok": True, "text": text, "through": 0, "archived": archived}
+            return TapeEntry.event("command.done", data, context=False, **target)
+
+        await session.tape.reset(
+            archive=True,
+            then=reply,
+            carry_inbound_after=command.id,
+            workspace=session.workspace,
+        )
+        session.cursor = 0
+        self._emit("command", name="reset")
+
+    async def _text(self, session: Session, command: commands.Command) -> str:
+        tape = session.tape
+        if command.name == "handoff":
+            return await self._handoff(session, command)
+        if command.name == "status":
+            info = await tape.info()
+            usage = info.last_usage or {}
+            return (
+                f"Entries: {info.entries}\nAnchors: {info.anchors}\n"
+                f"Last anchor: {info.last_anchor or '-'}\n"
+                f"Entries since it: {info.entries_since_anchor}\n"
+                f"Last token usage: {_usage_text(usage)}\n"
+                f"Workspace: {session.workspace}"
+            )
+        if command.name == "anchors":
+            anchors = await tape.anchors(command.count)
+            lines = [
+                f"#{a.id} {a.payload['name']} ({a.date[:19].replace('T', ' ')} UTC)"
+                for a in anchors
+            ]
+            return "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
+        return commands.help_text()
+
+    async def _handoff(self, session: Session, command: commands.Command) -> str:
+        tape: Tape = session.tape
+        summary = command.args
+        note = ""
+        if not summary:
+            try:
+                context = await tape.read_messages()
+                reply = await asyncio.wait_for(
+                    self.agent.model.complete(
+                        [*context, {"role": "user", "content": SUMMARY_PROMPT}],
+                        timeout=self.settings.handoff_summary_timeout_seconds,
+                    ),
+                    self.settings.handoff_summary_timeout_seconds + 5,
+                )
+                summary = (reply.content or "").strip()
+            except (TimeoutError, ModelError) as exc:
+                log.warning("handoff.summary_failed session=%s: %s", session.id, exc)
+                note = " The model could not write a summary, so this phase starts without one."
+        state: dict[str, Any] = {"owner": "human"}
+        then: list[TapeEntry] = []
+        if summary:
+            state["summary"] = summary
+            then.append(summary_note(summary))
+        await tape.handoff(command.anchor_name, state, then=then)
+        if summary:
+            return f"Handed off ({command.anchor_name}). Summary carried into the next phase:\n{summary}"
+        return f"Handed off ({command.anchor_name}).{note}"
+
+
+def _usage_text(usage: dict[str, Any]) -> str:
+    if not usage:
+        return "-"
+    parts = [f"{usage.get('prompt_tokens', '?')} in", f"{usage.get('completion_tokens', '?')} out"]
+    if usage.get("cached_tokens"):
+        parts.append(f"{usage['cached_tokens']} cached")
+    return ", ".join(parts)

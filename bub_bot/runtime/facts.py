@@ -1,0 +1,89 @@
+"""What the tape says about a session's progress: which inbound entries are pending, which
+replies are computed but not delivered, and how far a reply covers the inbound queue.
+
+Every step of the runtime leaves one of these facts behind, so after a crash the worker picks
+up exactly where the facts stop.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from ..tape import TapeEntry
+
+DONE = "inbound.done"
+REPLY_SENT = "reply.sent"
+
+
+def is_pending(entry: TapeEntry) -> bool:
+    """An inbound user message or command not yet handled (copies do not count)."""
+    if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
+        return False
+    if entry.kind == "message":
+        return entry.payload.get("role") == "user"
+    return entry.kind == "event" and entry.payload.get("name") == "command"
+
+
+def is_reply(entry: TapeEntry) -> bool:
+    """An entry whose text goes to the user: a turn's answer or notice, a command's reply."""
+    if entry.kind == "message":
+        return entry.payload.get("role") == "assistant" and "turn" in entry.meta
+    return entry.kind == "event" and entry.payload.get("name") in (
+        "turn.notice",
+        "command.done",
+    )
+
+
+def unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
+    """Replies in `items` that no `inbound.done` has closed yet."""
+    handled = {
+        e.payload["data"].get("reply")
+        for e in items
+        if e.kind == "event" and e.payload.get("name") == DONE
+    }
+    return [e for e in items if is_reply(e) and e.id not in handled]
+
+
+def seen_through(reply: TapeEntry) -> int | None:
+    """The newest entry the model had seen when it wrote this reply (None: not recorded)."""
+    if reply.kind == "message":
+        value = reply.meta.get("seen_through")
+    else:
+        value = reply.payload.get("data", {}).get("seen_through")
+    return int(value) if isinstance(value, int) else None
+
+
+def reply_text(entry: TapeEntry) -> str:
+    """The text a reply entry sends to the user."""
+    if entry.kind == "message":
+        content = entry.payload.get("content")
+        return content if isinstance(content, str) else ""
+    return str(entry.payload.get("data", {}).get("text", ""))
+
+
+def covered(pending: list[TapeEntry], reply: TapeEntry, seen: int | None = None) -> int:
+    """The newest inbound id a reply answers: a command's own id, or the messages before the
+    first command (the turn never saw what queued behind a command) that the model had seen
+    (`seen`, else what the reply recorded)."""
+    if reply.kind == "event" and reply.payload.get("name") == "command.done":
+        return int(reply.payload["data"].get("through", 0))
+    limit = seen if seen is not None else seen_through(reply)
+    through = 0
+    for entry in pending:
+        if entry.kind == "event" or (limit is not None and entry.id > limit):
+            break
+        through = entry.id
+    return through
+
+
+def age_seconds(entry: TapeEntry) -> float:
+    """How old an inbound entry is: by the platform's message time when the channel gave
+    one (a backlog delivered after downtime is old), else by when it was stored."""
+    sent_at = entry.meta.get("sent_at")
+    if isinstance(sent_at, int | float) and not isinstance(sent_at, bool):
+        return datetime.now(UTC).timestamp() - float(sent_at)
+    try:
+        then = datetime.fromisoformat(entry.date)
+    except ValueError:
+        return 0.0
+    return (datetime.now(UTC) - then).total_seconds()

@@ -1,0 +1,26 @@
+"""A conversation's in-memory bookkeeping while it has work; rebuilt from the tape."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..tape import Tape
+
+
+@dataclass
+class Session:
+    """In-memory bookkeeping for one conversation while it has work; rebuilt from the tape."""
+
+    id: str
+    tape: Tape
+    workspace: Path
+    cursor: int | None = None
+    """Newest inbound entry id that is handled (None: not read from the tape yet)."""
+    dirty: bool = False
+    running: bool = False
+    barrier: int | None = None
+    """Id of the first command waiting behind the running turn: later messages wait too."""
+    task: asyncio.Task[None] | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
