@@ -15,8 +15,8 @@ import pytest
 
 from bub_bot.config import ConfigError, Settings
 from bub_bot.server import Bot, BotServer
-from bub_bot.tape import Tape, TapeEntry
 from channels.slack import NOT_ENABLED, SlackChannel
+from tests.channel_harness import StoredTapes
 from tests.fakes.openai_server import FakeOpenAI, text
 from tests.fakes.slack_api import (
     FakeSlack,
@@ -32,7 +32,7 @@ SECRET = "test-signing-secret"
 TEAM = "T1"
 
 
-class Harness:
+class Harness(StoredTapes):
     """A started bot with a Slack channel, and helpers to drive it like Slack does."""
 
     def __init__(self, server: BotServer, slack: FakeSlack) -> None:
@@ -60,17 +60,6 @@ class Harness:
             self.events_url, data=body, headers={**signed, **(headers or {})}
         ) as resp:
             return resp.status, await resp.text()
-
-    async def entries(self, session_id: str) -> list[TapeEntry]:
-        tape = Tape.for_session(self.bot.store, session_id, self.bot.settings.workspace)
-        return await tape.query()
-
-    async def user_messages(self, session_id: str) -> list[Any]:
-        return [
-            e.payload["content"]
-            for e in await self.entries(session_id)
-            if e.kind == "message" and e.payload.get("role") == "user"
-        ]
 
     async def idle(self, session_id: str) -> None:
         await self.bot.runtime.wait_idle(session_id, timeout=10)

@@ -15,9 +15,9 @@ import pytest
 
 from bub_bot.config import Settings
 from bub_bot.server import Bot, BotServer
-from bub_bot.tape import Tape, TapeEntry
 from channels.telegram import TelegramChannel
 from channels.telegram_format import utf16_len
+from tests.channel_harness import StoredTapes
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -37,7 +37,7 @@ async def wait_until(check: Callable[[], bool], timeout: float = 8.0) -> None:
 
 
 @dataclass
-class Harness:
+class Harness(StoredTapes):
     tg: FakeTelegram
     model: FakeOpenAI
     server: BotServer
@@ -46,19 +46,6 @@ class Harness:
     @property
     def bot(self) -> Bot:
         return self.server.bot
-
-    def tape(self, session_id: str) -> Tape:
-        return Tape.for_session(self.bot.store, session_id, self.bot.settings.workspace)
-
-    async def entries(self, session_id: str) -> list[TapeEntry]:
-        return await self.tape(session_id).query()
-
-    async def user_messages(self, session_id: str) -> list[Any]:
-        return [
-            e.payload["content"]
-            for e in await self.entries(session_id)
-            if e.kind == "message" and e.payload.get("role") == "user"
-        ]
 
     async def idle(self, session_id: str) -> None:
         """Pushed updates are stored and the session has finished its work."""
