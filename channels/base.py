@@ -55,6 +55,10 @@ class Inbound:
     """The session's workspace; None means `BUB_WORKSPACE`."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Extra platform facts to keep with the message (chat type, thread ids, ...)."""
+    sent_at: float | None = None
+    """When the platform says the message was sent: UNIX seconds, UTC (Telegram `date`, Slack
+    `ts`); None when it gives no time (slash commands, the terminal). Messages delivered late,
+    e.g. a backlog after downtime, are judged by it rather than by when they arrived."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,9 @@ class RuntimeLike(Protocol):
     async def session_known(self, session_id: str) -> bool: ...
 
     def note_inbound(self, channel: str, outcome: str) -> None:
-        """Count a message that was not stored: "ignored" (not for us) or "denied"."""
+        """Count a message that was not stored: "ignored" (not for us), "denied" (not
+        allowed), "malformed" (unusable input) or "unauthorized" (failed the signature or
+        secret check)."""
 
 
 @runtime_checkable
