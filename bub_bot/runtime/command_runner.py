@@ -1,4 +1,4 @@
-"""Running chat commands (/handoff /reset /status /anchors /help) on a session's tape.
+"""Running chat commands (/handoff /reset /status /anchors /tools /help) on a session's tape.
 
 Every command ends with a reply entry on the tape (`command.done`), whatever happened, so one
 bad command can never block the commands and messages queued behind it.
@@ -127,6 +127,8 @@ class CommandRunner:
                 for a in anchors
             ]
             return "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
+        if command.name == "tools":
+            return commands.tools_text(self.agent.tools, session.workspace)
         return commands.help_text()
 
     async def _handoff(self, session: Session, command: commands.Command) -> str:

@@ -250,7 +250,7 @@ class Runtime:
         if source is None and "reply_target" in reply.meta:
             source = reply  # a reply that carries its own target (the /reset reply)
         if source is None:
-            await self._mark_done(session, through)
+            await self._mark_done(session, through, reply=reply.id)  # closes it: no loop
             return True
         log.info("reply.pending session=%s entry=%d", session.id, reply.id)
         try:
@@ -282,7 +282,14 @@ class Runtime:
             ]
         )
         source = next(e for e in reversed(pending) if e.id <= through)
-        await self.delivery.finish(session, source, written[-1], through, fresh=True)
+        try:
+            await self.delivery.finish(session, source, written[-1], through, fresh=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Even the note could not go out (e.g. the channel cannot format it): still done.
+            log.exception("reply.failed session=%s entry=%d", session.id, written[-1].id)
+            await self._mark_done(session, through, reply=written[-1].id, failed=True)
 
     async def _run_turn(
         self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]
@@ -458,10 +465,10 @@ class Runtime:
             pending = [e for e in items if is_pending(e)]
             if not pending and not unhandled_replies(items):
                 continue
-            # The channel of the newest inbound entry (an unanswered reply's message is among
-            # them too); a session whose channel is not running now stays as it is.
+            # The channel of the newest entry that names one (an unanswered reply's message, or
+            # the /reset reply); a session whose channel is not running now stays as it is.
             channel = next(
-                (e.meta["channel"] for e in reversed(items) if e.meta.get("inbound")), None
+                (e.meta["channel"] for e in reversed(items) if e.meta.get("channel")), None
             )
             if channel not in self.channels:
                 continue
