@@ -95,6 +95,9 @@ class RuntimeLike(Protocol):
 
     async def session_known(self, session_id: str) -> bool: ...
 
+    async def move_session(self, old: str, new: str) -> None:
+        """Messages for session `new` continue the conversation (tape) of session `old`."""
+
     def note_inbound(self, channel: str, outcome: str) -> None:
         """Count a message that was not stored: "ignored" (not for us), "denied" (not
         allowed), "malformed" (unusable input) or "unauthorized" (failed the signature or
@@ -124,6 +127,14 @@ class Channel(Protocol):
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         """Show that a turn is running (typing, status, reaction) until the block exits."""
+
+
+@runtime_checkable
+class Announces(Protocol):
+    """Optional: a channel with a page people open (the web chat) says where it is."""
+
+    def announce(self, base_url: str) -> str:
+        """One line `serve` prints once it listens on `base_url`."""
 
 
 @contextlib.asynccontextmanager

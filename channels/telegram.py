@@ -397,9 +397,14 @@ class TelegramChannel:
 
     async def _inbound(self, message: Message, update_id: int) -> Inbound | str | None:
         chat, user = message.chat, message.from_user
-        if message.migrate_to_chat_id:
-            self._migrated[chat.id] = message.migrate_to_chat_id
-            log.info("telegram.chat_migrated from=%d to=%d", chat.id, message.migrate_to_chat_id)
+        migration = _migration(message)
+        if migration is not None:
+            old, new = migration
+            self._migrated[old] = new
+            log.info("telegram.chat_migrated from=%d to=%d", old, new)
+            if self._runtime is not None:
+                # The supergroup continues the group's conversation (same tape).
+                await self._runtime.move_session(f"{self.name}:{old}", f"{self.name}:{new}")
             return None
         if chat.type not in ("private", "group", "supergroup") or user is None or user.is_bot:
             return None
@@ -733,4 +738,14 @@ def _placeholder(message: Message) -> str | None:
         return fmt("location", f"{loc.latitude:.5f}, {loc.longitude:.5f}")
     if message.poll:
         return fmt("poll", message.poll.question)
+    return None
+
+
+def _migration(message: Message) -> tuple[int, int] | None:
+    """(old chat id, new chat id) when `message` announces a group -> supergroup migration:
+    the old group gets `migrate_to_chat_id`, the new supergroup `migrate_from_chat_id`."""
+    if message.migrate_to_chat_id:
+        return message.chat.id, message.migrate_to_chat_id
+    if message.migrate_from_chat_id:
+        return message.migrate_from_chat_id, message.chat.id
     return None

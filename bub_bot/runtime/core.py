@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -31,6 +32,7 @@ EXPIRED_NOTE = (
     " Please send {it} again."
 )
 FAILED_NOTE = "Sorry, something went wrong while answering. Please try again."
+MOVED_ANCHOR = "session/moved"
 
 
 class Runtime:
@@ -54,6 +56,8 @@ class Runtime:
         """Called with (event, data) for metrics: inbound, turn, reply."""
         self.last_inbound: dict[str, float] = {}
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        self._moved: dict[str, str | None] = {}
+        """Session ids that continue another session's tape (`move_session`); None: not."""
         self.delivery = Delivery(self.channels, self._emit)
         self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
 
@@ -88,6 +92,9 @@ class Runtime:
         Returns once the message is on disk; a re-delivery returns `Received(new=False)`
         and changes nothing.
         """
+        moved_to = await self._moved_to(inbound.session_id, inbound.workspace)
+        if moved_to is not None:
+            inbound = dataclasses.replace(inbound, session_id=moved_to)
         # Only look the session up here: a duplicate must not leave a Session behind.
         known = self._sessions.get(inbound.session_id)
         tape = (
@@ -158,8 +165,40 @@ class Runtime:
 
     async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
         """Whether this session's tape has anything on it (e.g. the bot answered there)."""
+        session_id = await self._moved_to(session_id, workspace) or session_id
         tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
         return bool(await self.store.query(tape.name, limit=1))
+
+    async def move_session(self, old: str, new: str, workspace: Path | None = None) -> None:
+        """From now on, messages for session `new` continue the tape of `old` (a Telegram
+        group that became a supergroup has a new chat id but is the same conversation).
+
+        Recorded on the tapes (an anchor on `new`'s tape, read by every process and after a
+        restart; an event on `old`'s for the record), so it survives restarts. Idempotent."""
+        old = await self._moved_to(old, workspace) or old
+        if old == new or await self._moved_to(new, workspace) == old:
+            return
+        ws = workspace or self.settings.workspace
+        await Tape.for_session(self.store, new, ws).append(
+            TapeEntry.anchor(MOVED_ANCHOR, {"to": old})
+        )
+        await Tape.for_session(self.store, old, ws).append(
+            TapeEntry.event("session.moved", {"from": new}, context=False)
+        )
+        self._moved[new] = old
+        log.info("session.moved session=%s from=%s", old, new)
+
+    async def _moved_to(self, session_id: str, workspace: Path | None) -> str | None:
+        """The session whose tape `session_id` continues, if it was moved (cached)."""
+        if session_id in self._moved:
+            return self._moved[session_id]
+        tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
+        found = await tape.query(kinds=["anchor"], names=[MOVED_ANCHOR], limit=1)
+        target = found[0].payload.get("state", {}).get("to") if found else None
+        moved = target if isinstance(target, str) and target else None
+        if moved is not None or len(self._moved) < 100_000:
+            self._moved[session_id] = moved
+        return moved
 
     def _wake(self, session: Session) -> None:
         session.dirty = True
