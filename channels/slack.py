@@ -1,12 +1,14 @@
 """Slack (slack-bolt, async): Socket Mode or HTTP Events API, threads, safe delivery.
 
-Inbound. Every event goes through slack-bolt's `AsyncApp` (signature and timestamp
-verification, `url_verification`, ignoring the bot's own events) with
-`process_before_response=True`, so our listener awaits `runtime.receive` *before* bolt
-acknowledges: the HTTP 200 (or Socket Mode ack) means "on disk". Slack's re-deliveries
-(`X-Slack-Retry-Num`, `retry_attempt`) are processed like first deliveries; the runtime drops
-them by `event_id`, and by channel + `ts` because one mention arrives as both `app_mention`
-and `message`.
+Inbound. Every request (HTTP) and envelope (Socket Mode) is first checked in `slack_events`
+(signature and timestamp on the raw bytes, the body, the type of every field we use): what is
+unusable gets 401/400, or a 200 for a signed event that is no usable message, and is counted
+as "malformed"/"unauthorized"; slack-bolt only ever sees the cleaned body. Bolt's `AsyncApp`
+(`url_verification`, ignoring the bot's own events) runs with `process_before_response=True`,
+so our listener awaits `runtime.receive` *before* bolt acknowledges: the HTTP 200 (or Socket
+Mode ack) means "on disk". Slack's re-deliveries (`X-Slack-Retry-Num`, `retry_attempt`) are
+processed like first deliveries; the runtime drops them by `event_id`, and by channel + `ts`
+because one mention arrives as both `app_mention` and `message`.
 
 Sessions: `slack:<team>:<channel>:<thread_ts>` in channels (the thread root, or the mention's
 own ts for a new thread); DMs `slack:<team>:<channel>` at top level and the thread's session
@@ -28,20 +30,25 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bub_bot.commands import COMMANDS, strip_mention
 from bub_bot.config import ConfigError, Settings
 
+from . import slack_events
 from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .slack_events import ACCEPTED_SUBTYPES, Rejected
 from .slack_format import format_and_split
 
 log = logging.getLogger("channels.slack")
@@ -58,7 +65,6 @@ MAX_RATE_LIMIT_WAITS = 5
 MAX_RETRY_AFTER = 300.0
 CONNECT_RETRIES = 2
 SOCKET_CONNECT_TIMEOUT = 30.0
-ACCEPTED_SUBTYPES = (None, "thread_broadcast", "file_share", "bot_message")
 BAD_TOKEN_ERRORS = (
     "invalid_auth",
     "not_authed",
@@ -99,7 +105,9 @@ class SlackChannel:
             client=self.client,
             signing_secret=settings.slack_signing_secret or "",
             process_before_response=True,
-            request_verification_enabled=self.mode == "http",
+            # Signatures are checked on the raw bytes in `slack_events.verify`, before bolt
+            # gets a request (bolt is handed the checked, cleaned body, as in Socket Mode).
+            request_verification_enabled=False,
         )
         self.app.event("app_mention")(self._on_message_event)
         self.app.event("message")(self._on_message_event)
@@ -161,6 +169,8 @@ class SlackChannel:
                 f"cannot reach the Slack Web API at {self.api_url} (BUB_SLACK_API_URL): {exc}"
             ) from None
         handler = AsyncSocketModeHandler(self.app, app_token=app_token, web_client=opener)
+        # Envelopes pass the same checks as HTTP requests before bolt sees them.
+        handler.client.socket_mode_request_listeners[:] = [partial(self._on_envelope, handler)]
         handler.client.wss_uri = opened["url"]
         try:
             await asyncio.wait_for(handler.connect_async(), SOCKET_CONNECT_TIMEOUT)
@@ -188,8 +198,60 @@ class SlackChannel:
         if self.runtime is None:
             # Not started yet: Slack retries later; nothing was acknowledged.
             return web.Response(status=503, text="starting")
-        bolt_response = await self.app.async_dispatch(await to_bolt_request(request))
-        return await to_aiohttp_response(bolt_response)
+        raw = await request.read()
+        if slack_events.is_ssl_check(raw, request.content_type):
+            return web.Response(status=200)
+        try:
+            secret = self.settings.slack_signing_secret or ""
+            slack_events.verify(secret, request.headers, raw)
+            received = slack_events.read_body(raw, request.content_type)
+            body = slack_events.clean(received)
+        except Rejected as exc:
+            self._rejected(exc, "http")
+            # A 200 carries no text: for a slash command Slack would show it to the user.
+            return web.Response(status=exc.status, text="" if exc.status == 200 else exc.reason)
+        if body is None:
+            self._not_used(received)
+            return web.Response(status=200)
+        # As a dict ("socket_mode"), bolt takes the cleaned body as it is: no second parse.
+        bolt_request = AsyncBoltRequest(body=body, headers=request.headers, mode="socket_mode")
+        return await to_aiohttp_response(await self.app.async_dispatch(bolt_request))
+
+    async def _on_envelope(self, handler: Any, client: Any, request: Any) -> None:
+        """One Socket Mode envelope: checked like an HTTP request, then handed to bolt; an
+        unusable one is acknowledged (Slack would re-send it otherwise) and dropped."""
+        try:
+            body = slack_events.clean(request.payload)
+            if body is None:
+                self._not_used(request.payload)
+        except Rejected as exc:
+            self._rejected(exc, "socket")
+            body = None
+        if body is None:
+            await client.send_socket_mode_response(SocketModeResponse(request.envelope_id))
+            return
+        request.payload = body
+        await handler.handle(client, request)
+
+    def _rejected(self, exc: Rejected, via: str) -> None:
+        log.warning(
+            "slack.request.rejected via=%s kind=%s status=%d: %s",
+            via,
+            exc.kind,
+            exc.status,
+            exc.reason,
+        )
+        if self.runtime is not None:
+            self.runtime.note_inbound(self.name, exc.outcome)
+
+    @staticmethod
+    def _not_used(received: dict[str, Any]) -> None:
+        """Log a request of a kind the bot does not use (acknowledged, not acted on)."""
+        kind = received.get("type")
+        if kind == "app_rate_limited":
+            log.warning("slack.app_rate_limited: Slack dropped events to this app for a minute")
+        else:
+            log.info("slack.request.ignored kind=%s", str(kind)[:40])
 
     @property
     def mention(self) -> str:
@@ -264,6 +326,7 @@ class SlackChannel:
             session_id=session,
             delivery_key=str(body.get("event_id") or f"{channel}:{ts}"),
             message_id=ts,
+            sent_at=float(ts),
             sender=Sender(id=user, name=name or user, is_bot=bool(bot_id)),
             text=self._clean_text(raw),
             reply_target={"team": team, "channel": channel, "thread_ts": reply_thread, "ts": ts},

@@ -27,3 +27,9 @@ class StoredTapes:
     async def stored_nothing(self) -> bool:
         """No tape at all has an entry (archived ones included)."""
         return await self.bot.store.list_tapes(include_all=True) == []
+
+    def inbound_count(self, channel: str, outcome: str) -> float:
+        """`bub_inbound_messages_total{channel, outcome}` as GET /metrics shows it."""
+        labels = {"channel": channel, "outcome": outcome}
+        value = self.bot.metrics.registry.get_sample_value("bub_inbound_messages_total", labels)
+        return value or 0.0

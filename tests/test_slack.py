@@ -27,6 +27,7 @@ from tests.fakes.slack_api import (
     slash_command_form,
     url_verification,
 )
+from tests.runtime_channel import inbound_users
 
 SECRET = "test-signing-secret"
 TEAM = "T1"
@@ -119,8 +120,10 @@ async def test_mention_gets_threaded_reply(
     # Slack escapes & < > in event text; the model gets them back unescaped.
     status, _ = await bot.post(app_mention("C1", "U1", "hello there &amp; &lt;you&gt;", ts))
     assert status == 200
-    # The 200 went out after the message was on disk.
+    # The 200 went out after the message was on disk, with Slack's ts as its time.
     assert await bot.user_messages(sid("C1", ts)) == ["hello there & <you>"]
+    [stored] = await inbound_users(bot.tape(sid("C1", ts)))
+    assert stored.meta["sent_at"] == float(ts)
     await bot.idle(sid("C1", ts))
     posts = slack.posts_in("C1", ts)
     assert [p["text"] for p in posts] == ["echo: hello there &amp; &lt;you&gt;"]

@@ -85,7 +85,7 @@ class FakeSlack:
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._tickets: set[str] = set()
         self._sockets: set[web.WebSocketResponse] = set()
-        self._ts_seq = itertools.count(1)
+        self._last_ts = 0
         self._changed = asyncio.Condition()
         self._connected = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -143,8 +143,10 @@ class FakeSlack:
         return f"{self.base_url}/respond/{key}"
 
     def next_ts(self) -> str:
-        """Next unique, increasing message ts like ``"1700000000.000100"``."""
-        micros = 1_700_000_000_000_000 + next(self._ts_seq) * 100
+        """Next unique, increasing message ts at the current time, like ``"1700000000.000100"``
+        (Slack's ts is the message's time, and the bot reads it as such)."""
+        micros = max(int(time.time() * 1_000_000), self._last_ts + 100)
+        self._last_ts = micros
         return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
 
     # ---------------------------------------------------------------- inspection
@@ -581,9 +583,14 @@ def slash_command_form(
 
 
 def sign_request(
-    body: bytes, signing_secret: str, timestamp: int | None = None, content_type: str | None = None
+    body: bytes,
+    signing_secret: str,
+    timestamp: int | str | None = None,
+    content_type: str | None = None,
 ) -> dict[str, str]:
-    """Headers Slack sends with an HTTP-mode request (``v0`` HMAC-SHA256 signature)."""
+    """Headers Slack sends with an HTTP-mode request (``v0`` HMAC-SHA256 signature).
+
+    A string ``timestamp`` is sent (and signed) as given, to test unparsable headers."""
     ts = str(int(time.time()) if timestamp is None else timestamp)
     base = b"v0:" + ts.encode() + b":" + body
     digest = hmac.new(signing_secret.encode(), base, hashlib.sha256).hexdigest()
