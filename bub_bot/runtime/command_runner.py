@@ -128,6 +128,7 @@ class CommandRunner:
             ]
             return "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
         if command.name == "tools":
+            await self.agent.tools.prepare(session.workspace)  # as a turn would
             return commands.tools_text(self.agent.tools, session.workspace)
         return commands.help_text()
 

@@ -19,10 +19,11 @@ from channels.base import Channel, Inbound, Received
 from .. import commands
 from ..agent import Agent
 from ..config import Settings
-from ..tape import BOOTSTRAP_ANCHOR, SQLiteTapeStore, Tape, TapeEntry
+from ..tape import BOOTSTRAP_ANCHOR, Tape, TapeEntry, TapeStore
 from .command_runner import CommandRunner
 from .delivery import Delivery
 from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
+from .leases import LeaseKey, Leases, LocalLeases
 from .session import Session
 
 log = logging.getLogger("bub_bot.runtime")
@@ -41,11 +42,14 @@ class Runtime:
     def __init__(
         self,
         settings: Settings,
-        store: SQLiteTapeStore,
+        store: TapeStore,
         agent: Agent,
         channels: dict[str, Channel] | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.settings = settings
+        self.leases: Leases = leases or LocalLeases()
+        self._background: list[asyncio.Task[None]] = []
         self.store = store
         self.agent = agent
         self.channels: dict[str, Channel] = dict(channels or {})
@@ -218,9 +222,22 @@ class Runtime:
 
     # -- the session worker ------------------------------------------------------------------
     async def _work(self, session: Session) -> None:
+        key = LeaseKey(session.tape.name, session.id)
+        try:
+            if not await self._take_lease(session, key):
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("lease.failed session=%s", session.id)
+            self._forget(session)
+            return
         try:
             while not self._closing:
                 session.dirty = False
+                if session.needs_workspace:
+                    session.workspace = await self._recorded_workspace(session.tape)
+                    session.needs_workspace = False
                 if session.cursor is None:
                     session.cursor = await self._read_cursor(session.tape)
                 items = await session.tape.query(
@@ -260,11 +277,120 @@ class Runtime:
         finally:
             session.running = False
             session.barrier = None
+            if session.leased:
+                await self._give_back(session, key)
             session.idle.set()
             if not self._closing and not session.dirty:
                 self._sessions.pop(session.id, None)
             elif session.dirty and not self._closing:
                 self._wake(session)
+
+    # -- leases (several replicas on one database) -------------------------------------------
+    async def _take_lease(self, session: Session, key: LeaseKey) -> bool:
+        """Take the session's lease before reading its queue; False: another replica has
+        it (and will see what we stored: a holder looks at the queue after releasing)."""
+        if not self.leases.shared:
+            return True
+        if not await self.leases.acquire(key):
+            log.info("lease.busy session=%s", session.id)
+            self._forget(session)
+            return False
+        session.leased = True
+        self._emit("lease", outcome="acquired")
+        self._ensure_renewal()
+        return True
+
+    def _forget(self, session: Session) -> None:
+        session.running = False
+        session.dirty = False
+        session.idle.set()
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+
+    async def _give_back(self, session: Session, key: LeaseKey) -> None:
+        """Release the lease; then look at the queue once more, since a message another
+        replica stored while we held the lease is ours to answer."""
+        session.leased = False
+        try:
+            await self.leases.release(key, handover=self._closing)
+            if self._closing or session.dirty:
+                return
+            items = await session.tape.query(
+                after_id=await self._read_cursor(session.tape), kinds=["message", "event"]
+            )
+            if any(is_pending(e) for e in items) or unhandled_replies(items):
+                session.dirty = True
+                session.cursor = None  # another replica may have moved it
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("lease.release_failed session=%s", session.id)
+
+    def _ensure_renewal(self) -> None:
+        if not any(t.get_name() == "lease-renewal" for t in self._background if not t.done()):
+            self._background.append(
+                asyncio.get_running_loop().create_task(self._renew_loop(), name="lease-renewal")
+            )
+
+    async def _renew_loop(self) -> None:
+        """Extend the leases of running sessions; a session whose lease was lost stops."""
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            held = {s.tape.name: s for s in self._sessions.values() if s.leased}
+            if not held:
+                if self._closing:
+                    return
+                continue
+            try:
+                lost = await self.leases.renew(LeaseKey(n, s.id) for n, s in held.items())
+            except Exception as exc:
+                log.warning("lease.renew_failed sessions=%d: %s", len(held), exc)
+                continue
+            for name in lost:
+                session = held[name]
+                log.warning("lease.lost session=%s: stopping its work here", session.id)
+                session.leased = False
+                self._emit("lease", outcome="lost")
+                if session.task is not None:
+                    session.task.cancel()
+
+    async def _sweep_loop(self) -> None:
+        """Take over sessions whose owner stopped renewing (a replica died)."""
+        interval = self.settings.lease_seconds / 3
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                for key in await self.leases.lapsed():
+                    self._adopt(key, takeover=True)
+            except Exception as exc:
+                log.warning("lease.sweep_failed: %s", exc)
+
+    def _adopt(self, key: LeaseKey, *, takeover: bool = False) -> None:
+        """Wake a session known only by its lease (a handover or a lapsed lease)."""
+        if self._closing:
+            return
+        session = self._sessions.get(key.session_id)
+        if session is None:
+            tape = Tape(self.store, key.tape, key.session_id)
+            session = Session(key.session_id, tape, self.settings.workspace)
+            session.needs_workspace = True
+            session.idle.set()
+            self._sessions[key.session_id] = session
+        if takeover:
+            log.info("lease.takeover session=%s", key.session_id)
+            self._emit("lease", outcome="takeover")
+        self._wake(session)
+
+    async def start(self) -> None:
+        """Begin serving: with shared leases, watch for handovers and lapsed leases; then
+        resume every session with unfinished work."""
+        if self.leases.shared:
+            await self.leases.listen(self._adopt)
+            self._background.append(
+                asyncio.get_running_loop().create_task(self._sweep_loop(), name="lease-sweep")
+            )
+        await self.resume()
 
     async def _read_cursor(self, tape: Tape) -> int:
         done = await tape.query(kinds=["event"], names=[DONE], newest_first=True, limit=1)
@@ -549,6 +675,11 @@ class Runtime:
                 log.warning(
                     "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
                 )
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.clear()
+        await self.leases.close()
 
 
 @contextlib.asynccontextmanager

@@ -23,4 +23,8 @@ class Session:
     barrier: int | None = None
     """Id of the first command waiting behind the running turn: later messages wait too."""
     task: asyncio.Task[None] | None = None
+    leased: bool = False
+    """This process holds the session's lease (several replicas on one database)."""
+    needs_workspace: bool = False
+    """Adopted by its lease alone: read the workspace its tape recorded before working."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
