@@ -193,3 +193,52 @@ async def test_a_platform_backlog_older_than_the_window_expires(make_runtime, fa
     assert channel.texts("a")[-1] == "echo: just now"
     assert len(await events(tape_of(runtime, "test:a"), "inbound.expired")) == 1
     await asyncio.sleep(0)
+
+
+class StaleReads:
+    """A store that delays handing back the result of cursor reads while `paused` is set:
+    what the runtime read is then older than the tape (as on a busy database)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.paused: asyncio.Event | None = None
+        self.held = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def query(self, tape: str, **filters: Any) -> Any:
+        result = await self._inner.query(tape, **filters)
+        if self.paused is not None and filters.get("names") == ["inbound.done"]:
+            gate, self.paused = self.paused, None
+            self.held.set()
+            await gate.wait()
+        return result
+
+
+async def test_resume_never_rewinds_a_session_that_finished_meanwhile(
+    store, agent, fake_openai
+) -> None:
+    """In `serve` the channels start before `resume()` runs: a session may finish its turn
+    while resume is between reading its cursor and waking it. It must not be answered twice."""
+    built = agent()
+    stale = StaleReads(store)
+    channel = RuntimeChannel()
+    runtime = Runtime(built.settings, stale, built, {channel.name: channel})
+    channel.runtime = runtime
+    fake_openai.script(slow(text("the answer"), 0.3))
+    await channel.say("question")
+    await until(lambda: len(fake_openai.completion_requests()) == 1)
+    gate = asyncio.Event()
+    stale.paused = gate
+    resuming = asyncio.create_task(runtime.resume())
+    await stale.held.wait()  # resume has read the cursor: 0, the turn is still running
+    await idle(runtime, "test:a")  # the turn finishes and the session is forgotten
+    gate.set()
+    await resuming
+    await idle(runtime, "test:a")
+    await asyncio.sleep(0.2)
+    await idle(runtime, "test:a")
+    assert channel.texts("a") == ["the answer"]
+    assert len(fake_openai.completion_requests()) == 1
+    await runtime.shutdown(grace=2)
