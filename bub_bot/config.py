@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import re
+import secrets
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from .tape.connect import parse_database_url
+
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+MODEL_MISSING = (
+    "No model is configured yet, so I cannot answer. Set OPENAI_API_KEY (your API key), or"
+    " OPENAI_BASE_URL for a local OpenAI-compatible server such as llama.cpp or Ollama, in the"
+    " .env file in the directory you run bub-bot from (see .env.example), then restart"
+    " bub-bot serve."
+)
+"""What the web chat says (page and answer) while `serve` runs without a model."""
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
 
@@ -19,6 +36,34 @@ CsvList = Annotated[list[str], NoDecode]
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; the message names the variable."""
+
+
+_RATE_RE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes)\s*$",
+    re.IGNORECASE,
+)
+_RATE_OFF = ("off", "none", "0", "")
+
+
+def parse_rate(value: str) -> tuple[int, float] | None:
+    """A send limit `"<count>/<window>"` as (count, seconds); None for `off`.
+
+    `30/s`, `1/s`, `20/min`, `20/60s` and `1/0.1s` are all valid. Raises ValueError."""
+    text = value.strip().lower()
+    if text in _RATE_OFF:
+        return None
+    match = _RATE_RE.match(text)
+    if not match:
+        raise ValueError(
+            f"{value!r} is not a rate: write <count>/<window> like 30/s, 20/min, 1/0.5s, or off"
+        )
+    count, number, unit = int(match.group(1)), match.group(2), match.group(3)
+    seconds = float(number) if number else 1.0
+    if unit.startswith("m"):
+        seconds *= 60
+    if count < 1 or seconds <= 0:
+        raise ValueError(f"{value!r}: the count and the window must be above zero")
+    return count, seconds
 
 
 def _csv(value: object) -> list[str]:
@@ -39,11 +84,21 @@ class Settings(BaseSettings):
         extra="ignore",
         populate_by_name=True,
     )
+    _web_token_generated: bool = PrivateAttr(default=False)
 
     # storage
     home: Path = Field(default=Path("~/.bub-bot"))
     database_url: str | None = None
-    workspace: Path = Field(default=Path("."))
+    # PaaS add-ons (Heroku Postgres and the like) set DATABASE_URL: used when
+    # BUB_DATABASE_URL is unset or empty.
+    paas_database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL")
+    )
+    database_pool_size: int = Field(default=10, ge=1, le=1000)
+    # Unset: $BUB_HOME/workspace, not the working directory (where the quick start keeps .env).
+    workspace: Path = Field(default=None, validate_default=False)  # type: ignore[assignment]
+    # MCP servers: a JSON file in the mcpServers format (see bub_bot/agent/mcp/config.py)
+    mcp_config: Path | None = None
 
     # model
     model: str = "gpt-4o-mini"
@@ -65,6 +120,9 @@ class Settings(BaseSettings):
     max_concurrent_turns: int = Field(default=32, ge=1)
     resume_window_seconds: float = Field(default=900.0, ge=0)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    lease_seconds: float = Field(default=15.0, ge=1, le=3600)
+    """How long a replica's claim on a session lasts without renewal (PostgreSQL, several
+    replicas): a dead replica's sessions are taken over after about this long."""
 
     # server
     host: str = "0.0.0.0"
@@ -75,6 +133,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     metrics_token: str | None = None
 
+    # web chat and tape viewer (channels/web)
+    web: bool = True
+    web_token: str | None = None
+    web_viewer: bool = True
+
     # telegram
     telegram_token: str | None = None
     telegram_api_base: str | None = None
@@ -83,6 +146,10 @@ class Settings(BaseSettings):
     telegram_webhook_url: str | None = None
     telegram_webhook_secret: str | None = None
     telegram_max_image_bytes: int = Field(default=5_000_000, ge=0)
+    # Telegram's send limits (bot-wide, per chat, per group), as `parse_rate` reads them.
+    telegram_rate_global: str = "30/s"
+    telegram_rate_chat: str = "1/s"
+    telegram_rate_group: str = "20/min"
 
     # slack
     slack_bot_token: str | None = None
@@ -95,6 +162,26 @@ class Settings(BaseSettings):
     slack_allow_bots: bool = False
     slack_command_prefix: str = "bub-"
     slack_working_indicator: Literal["auto", "status", "reaction", "none"] = "auto"
+    slack_rate_channel: str = "1/s"
+
+    @field_validator(
+        "telegram_rate_global", "telegram_rate_chat", "telegram_rate_group", "slack_rate_channel"
+    )
+    @classmethod
+    def _check_rate(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    @field_validator("mcp_config", mode="before")
+    @classmethod
+    def _unset_if_empty(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _default_workspace(self) -> Settings:
+        if self.workspace is None:
+            self.workspace = self.home.expanduser() / "workspace"
+        return self
 
     @field_validator(
         "telegram_allow_users",
@@ -109,16 +196,24 @@ class Settings(BaseSettings):
 
     # -- derived ------------------------------------------------------------------------------
     @property
+    def database(self) -> str:
+        """The tape database URL: `BUB_DATABASE_URL`, else `DATABASE_URL`, else the SQLite
+        file `BUB_HOME/bub.db` (as sqlite:///path)."""
+        url = (self.database_url or "").strip() or (self.paas_database_url or "").strip()
+        return url or f"sqlite:///{self.home.expanduser() / 'bub.db'}"
+
+    @property
+    def database_setting(self) -> str:
+        """The variable `database` came from, for messages."""
+        if (self.database_url or "").strip():
+            return "BUB_DATABASE_URL"
+        return "DATABASE_URL" if (self.paas_database_url or "").strip() else "BUB_HOME"
+
+    @property
     def database_path(self) -> str:
-        """The SQLite file: `BUB_DATABASE_URL` (sqlite:///path or a path) or `BUB_HOME/bub.db`."""
-        url = self.database_url
-        if url:
-            if url.startswith("sqlite:///"):
-                return url[len("sqlite:///") :]
-            if url.startswith("sqlite://"):
-                return url[len("sqlite://") :]
-            return url
-        return str(self.home.expanduser() / "bub.db")
+        """The SQLite file of `database`; for PostgreSQL the URL itself (it has a `://`)."""
+        parsed = parse_database_url(self.database)
+        return parsed.target
 
     @property
     def telegram_enabled(self) -> bool:
@@ -128,18 +223,52 @@ class Settings(BaseSettings):
     def slack_enabled(self) -> bool:
         return bool(self.slack_bot_token)
 
-    def check(self, *, require_model: bool = True) -> Settings:
-        """Cross-field checks that pydantic cannot express; raises ConfigError naming the var."""
-        url = self.database_url
-        if url and "://" in url and not url.startswith("sqlite:"):
-            raise ConfigError(
-                "BUB_DATABASE_URL: only sqlite:///path (or a plain file path) is supported"
-            )
-        if require_model and not self.openai_api_key and not self.openai_base_url:
+    @property
+    def web_enabled(self) -> bool:
+        return self.web
+
+    @property
+    def web_only(self) -> bool:
+        """The web chat is the only channel `serve` would start."""
+        return self.web and not self.telegram_enabled and not self.slack_enabled
+
+    @property
+    def model_configured(self) -> bool:
+        return bool(self.openai_api_key or self.openai_base_url)
+
+    @property
+    def web_token_generated(self) -> bool:
+        """True when `with_web_token()` made the token up (it is then printed in the URL)."""
+        return self._web_token_generated
+
+    def with_web_token(self) -> Settings:
+        """These settings with a random `web_token` when none is set (Jupyter's rule)."""
+        if self.web_token or not self.web:
+            return self
+        made = self.model_copy(update={"web_token": secrets.token_urlsafe(32)})
+        made._web_token_generated = True
+        return made
+
+    def check(self, *, require_model: bool = True, web_may_lack_model: bool = False) -> Settings:
+        """Cross-field checks that pydantic cannot express; raises ConfigError naming the var.
+
+        `web_may_lack_model`: `serve` with the web chat as its only channel starts without a
+        model (the page tells a newcomer what to set)."""
+        try:
+            parse_database_url(self.database)
+        except ValueError as exc:
+            raise ConfigError(f"{self.database_setting}: {exc}") from None
+        if (
+            require_model
+            and not self.model_configured
+            and not (web_may_lack_model and self.web_only)
+        ):
             raise ConfigError(
                 "OPENAI_API_KEY is not set: set it (or OPENAI_BASE_URL for a local"
                 " OpenAI-compatible server that needs no key)"
             )
+        if self.web_token is not None and len(self.web_token) < 8:
+            raise ConfigError("BUB_WEB_TOKEN must be at least 8 characters (or unset: a random one)")
         if self.telegram_webhook_url:
             if not self.telegram_token:
                 raise ConfigError("BUB_TELEGRAM_WEBHOOK_URL is set but BUB_TELEGRAM_TOKEN is not")
@@ -163,6 +292,10 @@ class Settings(BaseSettings):
                 )
         elif self.slack_app_token or self.slack_signing_secret:
             raise ConfigError("BUB_SLACK_BOT_TOKEN must be set to enable Slack")
+        if self.mcp_config is not None:
+            from .agent.mcp.config import load_mcp_config  # here: agent imports this module
+
+            load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
         return self
 
 
@@ -178,10 +311,13 @@ def _env_name(loc: tuple) -> str:
     return f"BUB_{field.upper()}"
 
 
-def load_settings(*, require_model: bool = True, **overrides: object) -> Settings:
+def load_settings(
+    *, require_model: bool = True, web_may_lack_model: bool = False, **overrides: object
+) -> Settings:
     """Read and check the settings; any problem raises ConfigError with one line.
 
-    `require_model=False` for commands that never call the model (`tapes`, `doctor`).
+    `require_model=False` for commands that never call the model (`tapes`, `doctor`);
+    `web_may_lack_model=True` for `serve` (see `Settings.check`).
     """
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
@@ -190,4 +326,4 @@ def load_settings(*, require_model: bool = True, **overrides: object) -> Setting
         raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {err['msg']}") from None
     except SettingsError as exc:
         raise ConfigError(f"invalid settings: {exc}") from None
-    return settings.check(require_model=require_model)
+    return settings.check(require_model=require_model, web_may_lack_model=web_may_lack_model)

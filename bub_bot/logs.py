@@ -8,28 +8,7 @@ import sys
 from collections.abc import Iterable
 
 from .config import Settings
-
-SECRET_FIELDS = (
-    "openai_api_key",
-    "telegram_token",
-    "telegram_webhook_secret",
-    "slack_bot_token",
-    "slack_app_token",
-    "slack_signing_secret",
-    "metrics_token",
-)
-
-
-def secrets_of(settings: Settings) -> list[str]:
-    """The configured secret values (and the Telegram token's secret half)."""
-    values = []
-    for name in SECRET_FIELDS:
-        value = getattr(settings, name, None)
-        if value and len(value) >= 6:
-            values.append(value)
-            if name == "telegram_token" and ":" in value:
-                values.append(value.split(":", 1)[1])
-    return values
+from .secrets import Scrubber, secrets_of
 
 
 class RedactSecrets(logging.Filter):
@@ -37,13 +16,11 @@ class RedactSecrets(logging.Filter):
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._scrubber = Scrubber(secrets)
+        self.secrets = self._scrubber.secrets
 
     def scrub(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, "[redacted]")
-        return text
+        return self._scrubber.text(text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self.secrets:

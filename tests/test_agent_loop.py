@@ -15,7 +15,9 @@ from bub_bot.tape import Tape, TapeEntry
 from tests.fakes.openai_server import (
     bad_tool_schema,
     drop,
+    echo_default,
     error,
+    html_page,
     rate_limited,
     server_error,
     slow,
@@ -277,3 +279,23 @@ async def test_a_dropped_connection_is_reported_as_unreachable_not_slow(fake_ope
     assert "could not reach the model" in result.reply
     (err,) = await tape.query(kinds=["error"])
     assert err.payload["message"].startswith("cannot reach the model endpoint")
+
+
+async def test_an_html_page_from_a_wrong_base_url_ends_the_turn_plainly(fake_openai, agent, tape):
+    fake_openai.default = lambda body: html_page()
+    bot = agent(openai_api_key="sk-html-test-SECRET-0123")
+    result = await bot.run_turn(tape, [USER])
+
+    assert result.status == "error"
+    assert "OPENAI_BASE_URL" in result.reply and "<" not in result.reply
+    (err,) = await tape.query(kinds=["error"])
+    assert err.payload["kind"] == "model"
+    assert fake_openai.base_url in err.payload["message"]
+    assert "an HTML page" in err.payload["message"]
+    assert "sk-html-test-SECRET-0123" not in json.dumps([e.payload for e in await tape.query()])
+    assert await step_statuses(tape) == ["error"]
+
+    # the endpoint is fixed: the same session answers again
+    fake_openai.default = echo_default
+    again = await bot.run_turn(tape, [{"role": "user", "content": "second try"}])
+    assert (again.status, again.reply) == ("ok", "echo: second try")

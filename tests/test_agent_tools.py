@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import pytest
@@ -76,8 +77,12 @@ async def test_fs_tools_are_confined_to_the_workspace(fake_openai, agent, tape, 
     assert refused[7].startswith("error: '..' is not allowed")
 
     ok = tool_contents(third)[len(refused) :]
-    assert ok[0] == "héllo 世界"
-    assert ok[1] == "0123"
+    notes_size = len("0123456789 héllo 世界 🙂 end".encode())
+    assert ok[0] == (
+        "héllo 世界\n\n[fs_read stopped before the end of 'notes.txt': this is characters"
+        f" 11-19 of 25 ({notes_size} bytes). Continue with fs_read(path='notes.txt', offset=19)]"
+    )
+    assert ok[1].startswith("0123\n\n[fs_read stopped before the end of 'sub/ok_link.txt'")
     assert json.loads(ok[2]) == ["notes.txt", "out_dir/", "out_file.txt", "sub/"]
     assert json.loads(ok[3]) == ["inner.txt", "ok_link.txt"]
     assert ok[4] == "error: no such file: 'missing.txt'"
@@ -201,3 +206,75 @@ async def test_undecodable_file_name_does_not_crash_the_turn(fake_openai, agent,
     assert "bad" in listing and ".txt" in listing
     (stored,) = await tape.query(kinds=["tool_result"])
     assert "bad" in json.dumps(stored.payload)
+
+
+def continue_offset(result: str) -> int | None:
+    """The offset a partial fs.read result says to continue from (None: it read to the end)."""
+    found = re.search(r"\[fs_read stopped before the end of .*offset=(\d+)\)\]$", result)
+    return int(found.group(1)) if found else None
+
+
+async def test_partial_read_says_so_and_continues_to_the_end(tape, settings, workspace):
+    registry = default_registry()
+    ctx = ToolContext(tape=tape, workspace=workspace, settings=settings())
+    lines = [f"{i:05d} 数据 🙂 line\r\n" for i in range(4000)]
+    content = "".join(lines)
+    (workspace / "big.log").write_bytes(content.encode("utf-8"))
+    size = len(content.encode("utf-8"))
+
+    ok, first = await registry.call(ctx, "fs.read", json.dumps({"path": "big.log"}))
+    assert ok and len(content) > 20_000
+    body, _, note = first.rpartition("\n\n")
+    assert body == content[:20_000]
+    assert note == (
+        "[fs_read stopped before the end of 'big.log': this is characters 0-20000 of"
+        f" {len(content)} ({size} bytes). Continue with fs_read(path='big.log', offset=20000)]"
+    )
+
+    pieces, offset, calls = [body], continue_offset(first), 1
+    while offset is not None:
+        args = {"path": "big.log", "offset": offset, "limit": 30_000}
+        ok, out = await registry.call(ctx, "fs.read", json.dumps(args))
+        assert ok
+        calls += 1
+        following = continue_offset(out)
+        pieces.append(out.rpartition("\n\n")[0] if following is not None else out)
+        offset = following
+    assert "".join(pieces).encode("utf-8") == content.encode("utf-8")  # CRLF kept
+    assert calls == 1 + -(-(len(content) - 20_000) // 30_000)
+
+    # a read that ends exactly at the end of the file needs no note
+    ok, tail = await registry.call(
+        ctx, "fs.read", json.dumps({"path": "big.log", "offset": len(content) - 10})
+    )
+    assert ok and tail == content[-10:]
+    ok, past = await registry.call(
+        ctx, "fs.read", json.dumps({"path": "big.log", "offset": len(content)})
+    )
+    assert not ok and past == (
+        f"error: offset {len(content)} is at or past the end of 'big.log'"
+        f" ({len(content)} characters)"
+    )
+
+
+async def test_note_of_a_file_too_big_to_count(tape, settings, workspace):
+    registry = default_registry()
+    ctx = ToolContext(tape=tape, workspace=workspace, settings=settings())
+    data = b"0123456789abcdef" * (9 * 1024 * 1024 // 16)  # 9 MiB
+    (workspace / "huge.bin.txt").write_bytes(data)
+    ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "huge.bin.txt"}))
+    assert ok and body.endswith(
+        f"this is characters 0-20000 of a {len(data)}-byte file."
+        " Continue with fs_read(path='huge.bin.txt', offset=20000)]"
+    )
+
+
+async def test_empty_and_binary_files(tape, settings, workspace):
+    registry = default_registry()
+    ctx = ToolContext(tape=tape, workspace=workspace, settings=settings())
+    (workspace / "empty.txt").write_bytes(b"")
+    (workspace / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(500))
+    ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "empty.txt"}))
+    assert ok and body == ""
+    ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "image.png"}))
+    assert not ok and body == "error: 'image.png' is a binary file (516 bytes); fs_read reads text"

@@ -301,3 +301,50 @@ async def test_manifest_with_missing_chunk(tape, reader):
     assert await reader("sp_gap", cursor=0, count=2) == (
         "chunk 1 of spill handle 'sp_gap' is missing or invalid"
     )
+
+
+@pytest.mark.parametrize("kind", ["ascii", "utf8_crlf"])
+async def test_whole_200kb_file_read_at_max_limit_spills_and_pages_back_identical(
+    fake_openai, agent, tape, settings, workspace, kind
+):
+    size = 200 * 1024
+    if kind == "ascii":
+        data = b"".join(b"%06d some log text here\n" % i for i in range(size // 24 + 1))[:size]
+    else:
+        data = big_text(size).replace("\n", "\r\n").encode("utf-8")
+    (workspace / "big.txt").write_bytes(data)
+    registry = default_registry()
+    limit = registry.get("fs.read").schema()["function"]["parameters"]["properties"]["limit"]
+    assert limit["maximum"] >= len(data)  # the whole file fits one call at the maximum
+
+    fake_openai.script(
+        tool_calls([("fs_read", {"path": "big.txt", "limit": limit["maximum"]})]), text("read")
+    )
+    result = await agent(registry).run_turn(tape, [USER])
+    assert result.status == "ok"
+    (seen,) = [m["content"] for m in fake_openai.last_messages() if m["role"] == "tool"]
+    assert len(seen) < 1000 and "stopped before the end" not in seen
+    (event,) = await spill_events(tape)
+    assert event.payload["data"]["bytes"] == len(data)
+    conf = settings()
+    ctx = ToolContext(tape=tape, workspace=conf.workspace, settings=conf)
+    back, _ = await read_all(registry, ctx, event.payload["data"]["handle"], from_end=False)
+    assert back.encode("utf-8") == data
+
+
+async def test_partial_read_that_spills_keeps_its_note_in_the_preview(
+    fake_openai, agent, tape, workspace
+):
+    data = "".join(f"{i:07d}\n" for i in range(50_000))  # 400 000 characters
+    (workspace / "huge.txt").write_text(data, encoding="utf-8")
+    fake_openai.script(
+        tool_calls([("fs_read", {"path": "huge.txt", "offset": 100, "limit": 100_000})]),
+        text("read"),
+    )
+    await agent().run_turn(tape, [USER])
+    (seen,) = [m["content"] for m in fake_openai.last_messages() if m["role"] == "tool"]
+    assert "spill.read" in seen and seen.startswith(data[100:400])
+    assert seen.endswith(
+        "[fs_read stopped before the end of 'huge.txt': this is characters 100-100100 of"
+        " 400000 (400000 bytes). Continue with fs_read(path='huge.txt', offset=100100)]"
+    )

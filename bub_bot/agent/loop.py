@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
 from . import spill
@@ -54,6 +55,9 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.scrub = Scrubber.for_settings(settings)
+        """Replaces configured secrets in tool results and the prompt (the model's replies
+        are scrubbed by the model client)."""
 
     def _notify(self, name: str, data: dict[str, Any]) -> None:
         for hook in self.hooks:
@@ -93,6 +97,7 @@ class Agent:
             turn_start = written[0].id - 1
 
         ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings)
+        await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
         seen_through = 0
         auto_handed_off = False
@@ -111,23 +116,31 @@ class Agent:
             messages = [
                 {
                     "role": "system",
-                    "content": build_system_prompt(
-                        self.settings.system_prompt, workspace, self.tools.visible()
+                    "content": self.scrub.text(
+                        build_system_prompt(
+                            self.settings.system_prompt, workspace, self.tools.visible(workspace)
+                        )
                     ),
                 },
                 *selector(entries),
             ]
             try:
-                reply = await self.model.complete(messages, self.tools.schemas())
+                reply = await self.model.complete(messages, self.tools.schemas(workspace))
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
                     # The message itself is too long: start the next turn after it, so the
-                    # session is not stuck re-sending it.
-                    await tape.append(
-                        TapeEntry.anchor(
-                            TOO_LONG_ANCHOR, {"reason": "message_too_long", "error": str(exc)}
-                        )
+                    # session is not stuck re-sending it. Messages that arrived during this
+                    # call were not seen: they follow the anchor, or the next turn would
+                    # answer a conversation without them.
+                    late = await tape.query(after_id=seen_through, kinds=["message"])
+                    await tape.append_many(
+                        [
+                            TapeEntry.anchor(
+                                TOO_LONG_ANCHOR, {"reason": "message_too_long", "error": str(exc)}
+                            ),
+                            *(e.copy_after_anchor() for e in late if _is_user_inbound(e)),
+                        ]
                     )
                     return await self._end(
                         tape,
@@ -251,8 +264,9 @@ class Agent:
 
         async def one(call: dict[str, Any]) -> dict[str, Any]:
             name = call["function"]["name"]
-            tool = self.tools.get(name)
+            tool = self.tools.get(name, ctx.workspace)
             ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
+            result = self.scrub.value(result)  # before the tape, the spill and the model
             self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
             text = spill.render(result)
             if not _utf8_ok(text):
@@ -334,3 +348,12 @@ def _utf8_ok(text: str) -> bool:
 
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _is_user_inbound(entry: TapeEntry) -> bool:
+    """A user's message as it arrived (not a copy made after an anchor)."""
+    return (
+        bool(entry.meta.get("inbound"))
+        and "copy_of" not in entry.meta
+        and entry.payload.get("role") == "user"
+    )

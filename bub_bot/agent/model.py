@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..config import DEFAULT_OPENAI_BASE_URL, Settings
+from ..secrets import Scrubber
 
 if TYPE_CHECKING:
     import openai
@@ -37,6 +40,16 @@ class ModelError(Exception):
 
 class ContextOverflow(ModelError):
     """The provider rejected the request for its length."""
+
+
+class _Unusable(Exception):
+    """A 200 answer that is not a chat completion; the text says what it was instead."""
+
+
+UNUSABLE_MESSAGE = (
+    "The model service sent an answer I could not read. The operator needs to check"
+    " OPENAI_BASE_URL (it should point at an OpenAI-compatible API, usually ending in /v1)."
+)
 
 
 def _error_fields(exc: openai.APIStatusError) -> tuple[str, str, str]:
@@ -90,19 +103,117 @@ class ModelReply:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _get(raw: Any, name: str) -> Any:
+    """A field of an SDK object or of a plain JSON dict."""
+    return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
+
+
 def _usage(raw: Any) -> dict[str, Any]:
-    if raw is None:
+    """Token counts of a usage block (SDK object or JSON dict); anything else counts nothing."""
+    if raw is None or isinstance(raw, str | int | float | list):
         return {}
     usage = {
-        "prompt_tokens": getattr(raw, "prompt_tokens", None),
-        "completion_tokens": getattr(raw, "completion_tokens", None),
-        "total_tokens": getattr(raw, "total_tokens", None),
+        "prompt_tokens": _get(raw, "prompt_tokens"),
+        "completion_tokens": _get(raw, "completion_tokens"),
+        "total_tokens": _get(raw, "total_tokens"),
     }
-    details = getattr(raw, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    details = _get(raw, "prompt_tokens_details")
+    cached = _get(details, "cached_tokens") if details is not None else None
     if cached is not None:
         usage["cached_tokens"] = cached
-    return {k: v for k, v in usage.items() if v is not None}
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def public_url(url: str) -> str:
+    """`url` without user-info, query and fragment: fit for logs and error texts (proxies
+    take credentials as `user:pass@` or `?api-key=`)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(an invalid URL)"
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    if port is not None:
+        host = f"{host}:{port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _describe(data: Any) -> str:
+    """What a 200 answer was, in a few words (never its text: it may echo our headers)."""
+    if isinstance(data, str):
+        stripped = data.lstrip()
+        if not stripped:
+            return "an empty body"
+        if stripped[:1] == "<":
+            return "an HTML page" if "html" in stripped[:512].lower() else "an XML/HTML body"
+        return "a non-JSON body"
+    if data is None:
+        return "JSON null"
+    return f"a JSON {type(data).__name__}"
+
+
+def _content(message: dict[str, Any]) -> str:
+    """The assistant text: a string, null, or a list of text parts."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        return "".join(p["text"] for p in content if isinstance(p.get("text"), str))
+    raise _Unusable(f"a message whose content is a {type(content).__name__}")
+
+
+def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls in our tape's shape; a missing id is made up, dict arguments dumped."""
+    raw = message.get("tool_calls")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _Unusable(f"tool_calls that are a {type(raw).__name__}, not a list")
+    calls = []
+    for call in raw:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise _Unusable("a tool call without a function name")
+        arguments = function.get("arguments")  # type: ignore[union-attr]
+        if arguments is None:
+            arguments = ""
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            call_id = "call_" + uuid.uuid4().hex[:24]
+        calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+    return calls
+
+
+def _completion(data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the completion, its first choice's message) or _Unusable."""
+    if isinstance(data, str) and data.strip():
+        try:  # a valid completion sent with a sloppy content type
+            data = json.loads(data)
+        except ValueError:
+            pass
+    if not isinstance(data, dict):
+        raise _Unusable(_describe(data))
+    choices = data.get("choices")
+    if choices is None:
+        raise _Unusable("JSON with no choices")
+    if not isinstance(choices, list):
+        raise _Unusable("choices that are not a list")
+    if not choices:
+        raise _Unusable("no choices")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise _Unusable("a choice without a message")
+    return data, message
 
 
 class ModelClient:
@@ -114,6 +225,8 @@ class ModelClient:
         self.base_url = settings.openai_base_url or DEFAULT_OPENAI_BASE_URL
         self._settings = settings
         self._client = client
+        self._scrub = Scrubber.for_settings(settings)
+        """Provider texts and replies never carry a configured secret."""
 
     @property
     def client(self) -> openai.AsyncOpenAI:
@@ -153,26 +266,29 @@ class ModelClient:
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         client = self.client
         import openai
-        from openai.types.chat import ChatCompletion
 
         started = time.perf_counter()
         try:
             # The SDK's documented raw `post` (same auth, retries, Retry-After and error
             # types as `chat.completions.create`) skips re-walking our already plain-JSON
             # messages through its TypedDict transform: ~10 ms less CPU per call here.
-            response = await client.post(
-                "/chat/completions", cast_to=ChatCompletion, body=body, options=options
+            # `cast_to=object` hands over the JSON as it came (or the text of a non-JSON
+            # body), so every unusable answer is ours to check below.
+            data = await client.post(
+                "/chat/completions", cast_to=object, body=body, options=options
             )
         except openai.APIStatusError as exc:
             if is_context_overflow(exc):
                 _, _, message = _error_fields(exc)
                 raise ContextOverflow(
-                    message,
+                    self._scrub.text(message),
                     "This message alone is too long for the model's context window, even"
                     " after starting a fresh phase. Please send something shorter.",
                 ) from exc
             raise ModelError(
-                f"model request failed: HTTP {exc.status_code}: {_error_fields(exc)[2]}",
+                self._scrub.text(
+                    f"model request failed: HTTP {exc.status_code}: {_error_fields(exc)[2]}"
+                ),
                 _status_message(exc.status_code),
             ) from exc
         except openai.APITimeoutError as exc:
@@ -189,32 +305,59 @@ class ModelClient:
                 f"cannot reach the model endpoint: {exc}",
                 "I could not reach the model service. Please try again in a moment.",
             ) from exc
-        latency_ms = (time.perf_counter() - started) * 1000
-        if not response.choices:
+        except (json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError):
+            # A body that says it is JSON and is not (the SDK's json() raised).
+            raise self._unusable("a body that is not valid JSON") from None
+        except Exception as exc:  # anything else from the SDK or its transport (e.g. aiohttp
+            # refuses user-info in the URL next to our Authorization header): never raw
             raise ModelError(
-                "model returned no choices", "The model returned an empty answer. Please try again."
-            )
-        choice = response.choices[0]
-        message = choice.message
-        calls = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {
-                    "name": call.function.name,
-                    "arguments": call.function.arguments or "",
-                },
-            }
-            for call in (message.tool_calls or [])
-            if getattr(call, "function", None) is not None
-        ]
+                self._scrub.text(
+                    f"model request to {public_url(self.base_url)} failed:"
+                    f" {type(exc).__name__}: {exc}"
+                ),
+                "The model request failed. The operator needs to check OPENAI_BASE_URL and the"
+                " logs.",
+            ) from exc
+        latency_ms = (time.perf_counter() - started) * 1000
+        try:
+            if isinstance(data, dict) and "choices" not in data and data.get("error"):
+                raise self._provider_error(data["error"])
+            completion, message = _completion(data)
+            content = _content(message)
+            calls = _tool_calls(message)
+        except _Unusable as exc:
+            raise self._unusable(str(exc)) from None
+        model = completion.get("model")
+        finish = completion["choices"][0].get("finish_reason")
         return ModelReply(
-            content=message.content or "",
+            content=self._scrub.text(content),
             tool_calls=calls,
-            usage=_usage(response.usage),
-            model=response.model or self.model,
+            usage=_usage(completion.get("usage")),
+            model=model if isinstance(model, str) and model else self.model,
             latency_ms=latency_ms,
-            finish_reason=choice.finish_reason,
+            finish_reason=finish if isinstance(finish, str) else None,
+        )
+
+    def _unusable(self, what: str) -> ModelError:
+        """The error for a 200 answer that is no chat completion: it names the endpoint
+        (without credentials) so the operator sees which setting is wrong."""
+        return ModelError(
+            f"the model endpoint {public_url(self.base_url)} answered with {what}, not a chat"
+            " completion: check OPENAI_BASE_URL (and BUB_MODEL)",
+            UNUSABLE_MESSAGE,
+        )
+
+    def _provider_error(self, error: Any) -> ModelError:
+        """An error object in a 200 answer (some gateways report upstream failures so)."""
+        message = error.get("message") if isinstance(error, dict) else error
+        if not isinstance(message, str):
+            message = json.dumps(message)
+        return ModelError(
+            self._scrub.text(
+                f"the model endpoint {public_url(self.base_url)} answered 200 with an error:"
+                f" {message[:500]}"
+            ),
+            "The model service reported an error. Please try again in a moment.",
         )
 
 

@@ -67,6 +67,15 @@ class ErrorReply:
 
 
 @dataclass
+class RawReply:
+    """Any status with a body sent as it is (HTML, broken JSON, JSON of the wrong shape)."""
+
+    body: bytes
+    content_type: str
+    status: int = 200
+
+
+@dataclass
 class SlowReply:
     """Wait ``seconds`` before answering with ``reply``."""
 
@@ -79,7 +88,7 @@ class DropReply:
     """Close the connection without sending any response."""
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | SlowReply | DropReply
+Reply = TextReply | ToolCallsReply | ErrorReply | RawReply | SlowReply | DropReply
 
 
 def text(content: str, usage: dict[str, Any] | None = None) -> TextReply:
@@ -123,6 +132,32 @@ def server_error(status: int = 500) -> ErrorReply:
     """A 5xx as OpenAI sends it."""
     msg = "The server had an error while processing your request. Sorry about that!"
     return ErrorReply(status, _err(msg, "server_error", None))
+
+
+def raw(
+    body: str | bytes | Any, content_type: str = "application/json", status: int = 200
+) -> RawReply:
+    """A reply with this exact body: a str/bytes goes out as is, anything else as JSON."""
+    if isinstance(body, str):
+        data = body.encode("utf-8")
+    elif isinstance(body, bytes):
+        data = body
+    else:
+        data = json.dumps(body).encode("utf-8")
+    return RawReply(data, content_type, status)
+
+
+HTML_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Welcome | Example Corp</title></head>
+<body><h1>Welcome to Example Corp</h1><p>This is not the API you are looking for.</p></body>
+</html>
+"""
+
+
+def html_page(status: int = 200) -> RawReply:
+    """What a mis-set OPENAI_BASE_URL gives: a web site's HTML page, answered with 200.
+    For every request: ``fake.default = lambda body: html_page()``."""
+    return raw(HTML_PAGE, "text/html; charset=utf-8", status)
 
 
 def slow(reply: Reply, seconds: float) -> SlowReply:
@@ -334,6 +369,10 @@ class FakeOpenAI:
             raise asyncio.CancelledError  # aiohttp drops the request quietly
         if isinstance(reply, ErrorReply):
             return web.json_response(reply.body, status=reply.status, headers=reply.headers)
+        if isinstance(reply, RawReply):
+            return web.Response(
+                body=reply.body, status=reply.status, headers={"Content-Type": reply.content_type}
+            )
         message, finish = self._message(reply)
         completion_chars = len(message.get("content") or "") + sum(
             len(tc["function"]["arguments"]) for tc in message.get("tool_calls", [])

@@ -1,0 +1,159 @@
+"""Secrets policy in one place: which settings are secret, scrubbing their values from text,
+and which workspace files the model's file tools never open."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from pathlib import PurePath
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel
+
+REDACTED = "[redacted]"
+MIN_SECRET_LENGTH = 6
+"""Shorter values are not scrubbed: replacing every "abc" in tool output helps nobody."""
+
+# A setting is secret by its name, so a future `BUB_*_TOKEN` / `*_SECRET` / `*_KEY` /
+# `*_PASSWORD` is covered without touching this file; `*_URL` settings give up the
+# password of their user-info part (postgresql://user:password@host/db).
+_SECRET_SETTING = re.compile(r"(?:^|_)(?:token|key|secret|password)$")
+_URL_SETTING = re.compile(r"(?:^|_)url$")
+
+
+def secret_setting_names(settings: BaseModel) -> list[str]:
+    """The names of the settings whose values are secret."""
+    return [name for name in type(settings).model_fields if _SECRET_SETTING.search(name)]
+
+
+def secrets_of(settings: BaseModel) -> list[str]:
+    """The configured secret values: every secret setting, the secret half of a Telegram
+    token (`<bot id>:<secret>`), and passwords inside URL settings."""
+    values: list[str] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name, None)
+        if not isinstance(value, str) or not value:
+            continue
+        if _SECRET_SETTING.search(name):
+            values.append(value)
+            if name == "telegram_token" and ":" in value:
+                values.append(value.split(":", 1)[1])
+        elif _URL_SETTING.search(name) and "@" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                values.append(password)
+    return [v for v in dict.fromkeys(values) if len(v) >= MIN_SECRET_LENGTH]
+
+
+class Scrubber:
+    """Replaces configured secret values with `[redacted]` in text and JSON-like values."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        # Longest first, so a secret that contains another one is replaced whole.
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._pattern = (
+            re.compile("|".join(re.escape(s) for s in self.secrets)) if self.secrets else None
+        )
+
+    @classmethod
+    def for_settings(cls, settings: BaseModel) -> Scrubber:
+        """A scrubber for every secret `settings` holds."""
+        return cls(secrets_of(settings))
+
+    def __bool__(self) -> bool:
+        return self._pattern is not None
+
+    def text(self, text: str) -> str:
+        """`text` with every secret replaced."""
+        if self._pattern is None or not text:
+            return text
+        return self._pattern.sub(REDACTED, text)
+
+    def value(self, value: Any) -> Any:
+        """A copy of a JSON-like value (str, list, dict, scalars) with secrets replaced in
+        every string, keys included; unchanged values are returned as they are."""
+        if self._pattern is None:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {
+                (self.text(k) if isinstance(k, str) else k): self.value(v) for k, v in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+
+# Names (matched case-insensitively against every part of a path) that may hold secrets:
+# dotenv files, private keys and keystores, credential files of common tools, infra state,
+# and the directories where tools keep credentials. `.git/` is refused whole: remote URLs
+# in .git/config often carry tokens, and its objects hold whatever was ever committed.
+SECRET_FILE_PATTERNS = (
+    ".env",
+    ".env.*",
+    "*.env",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "*.ppk",
+    "*.kdbx",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+    ".git-credentials",
+    ".htpasswd",
+    ".dockercfg",
+    "credentials",
+    "credentials.json",
+    "secrets",
+    "secrets.*",
+    "*.tfstate",
+    "*.tfstate.*",
+    "*.tfvars",
+    ".git",
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+)
+# Templates meant to be committed, without real values.
+SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.dist")
+
+
+def secret_path_match(path: PurePath) -> str | None:
+    """The pattern that makes `path` (relative to the workspace) a secret file, or None."""
+    for part in path.parts:
+        name = part.lower()
+        if name in SECRET_FILE_EXCEPTIONS:
+            continue
+        for pattern in SECRET_FILE_PATTERNS:
+            if fnmatchcase(name, pattern):
+                return pattern
+    return None
+
+
+__all__ = [
+    "REDACTED",
+    "SECRET_FILE_PATTERNS",
+    "Scrubber",
+    "secret_path_match",
+    "secret_setting_names",
+    "secrets_of",
+]
