@@ -8,24 +8,38 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from channels.base import Channel
+from channels.base import Announces, Channel
 
-from .agent import Agent, ModelClient, default_registry
-from .config import ConfigError, Settings
+from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
+from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
-from .tape import SQLiteTapeStore
+from .tape import TapeStore, open_store
+
+if TYPE_CHECKING:
+    from .agent.mcp import McpManager
 
 log = logging.getLogger("bub_bot.server")
+
+READY_DB_TIMEOUT = 5.0
+"""Seconds /readyz waits for the database before reporting it unreachable."""
 
 NO_CHANNEL = (
     "no channel is configured: set BUB_TELEGRAM_TOKEN (Telegram) or BUB_SLACK_BOT_TOKEN with"
     " BUB_SLACK_APP_TOKEN or BUB_SLACK_SIGNING_SECRET (Slack); to try bub-bot in the terminal"
-    " run `bub-bot chat`"
+    " run `bub-bot chat`; BUB_WEB=off turned the web chat off"
 )
+
+
+class UnconfiguredModel(ModelClient):
+    """Stands in for the model while none is configured (`serve` with only the web chat):
+    every turn ends with `MODEL_MISSING` as its notice, without a network call."""
+
+    async def complete(self, messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> ModelReply:
+        raise ModelError("no model configured (OPENAI_API_KEY / OPENAI_BASE_URL unset)", MODEL_MISSING)
 
 
 @dataclass
@@ -33,25 +47,36 @@ class Bot:
     """Everything a running bub-bot holds: store, agent, runtime and channels."""
 
     settings: Settings
-    store: SQLiteTapeStore
+    store: TapeStore
     agent: Agent
     runtime: Runtime
     channels: list[Channel] = field(default_factory=list)
     started: dict[str, bool] = field(default_factory=dict)
     extra_routes: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = field(default_factory=list)
     metrics: Any = None
+    mcp: McpManager | None = None
+    """The MCP servers (`McpManager`) when BUB_MCP_CONFIG is set."""
 
     @classmethod
     async def open(cls, settings: Settings, channels: list[Channel] | None = None) -> Bot:
         """Open the database and build the agent and runtime (channels are not started)."""
-        store = await SQLiteTapeStore.open(settings.database_path)
-        agent = Agent(settings, ModelClient(settings), default_registry())
+        store = await open_store(settings)
+        try:  # the default workspace ($BUB_HOME/workspace) starts empty; MCP servers run in it
+            settings.workspace.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create the workspace %s: %s", settings.workspace, exc)
+        model = ModelClient(settings) if settings.model_configured else UnconfiguredModel(settings)
+        agent = Agent(settings, model, default_registry())
         channels = list(channels or [])
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels})
         bot = cls(settings, store, agent, runtime, channels)
+        bot.mcp = start_mcp(settings, agent)
         from .metrics import install
 
-        install(bot)
+        bot.metrics, route = install(
+            runtime, agent, [c.name for c in channels], settings.metrics_token
+        )
+        bot.extra_routes.append(route)
         return bot
 
     async def start_channels(self) -> None:
@@ -70,8 +95,26 @@ class Bot:
                 log.exception("channel.stop failed channel=%s", channel.name)
             self.started[channel.name] = False
         await self.runtime.shutdown()
+        if self.mcp is not None:
+            await self.mcp.close()  # after the turns: stdio servers terminated and reaped
         await self.agent.model.close()
         await self.store.close()
+
+
+def start_mcp(settings: Settings, agent: Agent) -> McpManager | None:
+    """Connect the MCP servers of BUB_MCP_CONFIG in the background and offer their tools
+    (None when none are configured). Turns wait a bounded time for servers still starting."""
+    if settings.mcp_config is None:
+        return None
+    from .agent.mcp import McpManager, load_mcp_config
+
+    servers = load_mcp_config(settings.mcp_config)
+    if not servers:
+        return None
+    manager = McpManager(servers, settings.workspace)
+    agent.tools.sources.append(manager)
+    manager.start()
+    return manager
 
 
 def build_channels(settings: Settings) -> list[Channel]:
@@ -86,6 +129,10 @@ def build_channels(settings: Settings) -> list[Channel]:
         from channels.slack import SlackChannel
 
         found.append(SlackChannel(settings))
+    if settings.web_enabled:
+        from channels.web import WebChannel
+
+        found.append(WebChannel(settings))
     return found
 
 
@@ -125,11 +172,18 @@ class BotServer:
 
     async def readyz(self, request: web.Request) -> web.Response:
         bot = self.bot
-        body: dict[str, Any] = {"ok": True, "database": "ok", "channels": {}}
+        body: dict[str, Any] = {
+            "ok": True,
+            "store": bot.store.kind,
+            "database": "ok",
+            "channels": {},
+        }
         try:
-            await bot.store.ping()
+            # A database that hangs must not hang the health check with it.
+            await asyncio.wait_for(bot.store.ping(), READY_DB_TIMEOUT)
         except Exception as exc:
-            body["ok"], body["database"] = False, f"error: {exc}"
+            cause = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            body["ok"], body["database"] = False, f"error: {cause or type(exc).__name__}"
         now = time.monotonic()
         for channel in bot.channels:
             last = bot.runtime.last_inbound.get(channel.name)
@@ -139,6 +193,9 @@ class BotServer:
                 "last_inbound_age_seconds": None if last is None else round(now - last, 1),
             }
             body["ok"] = body["ok"] and started
+        if bot.mcp is not None:
+            # Shown, not part of "ok": a bot without one MCP server still serves.
+            body["mcp"] = bot.mcp.status()
         body["ok"] = body["ok"] and self.ready
         return web.json_response(body, status=200 if body["ok"] else 503)
 
@@ -150,7 +207,7 @@ class BotServer:
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         await self.bot.start_channels()
-        await self.bot.runtime.resume()
+        await self.bot.runtime.start()
         self.ready = True
         log.info(
             "serving on %s:%d channels=%s",
@@ -185,6 +242,12 @@ async def serve(settings: Settings) -> int:
         log.error("start failed: %s", exc)
         await server.stop()
         return 2 if isinstance(exc, ConfigError) else 1
+    if not settings.model_configured:
+        log.warning("no model configured: the web chat answers with how to set one up")
+    for channel in channels:
+        if isinstance(channel, Announces):
+            # stdout, not the log: the one place a generated web token is shown.
+            print(channel.announce(server.url), flush=True)
     await stop.wait()
     log.info("shutdown requested")
     await server.stop()

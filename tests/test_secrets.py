@@ -110,8 +110,9 @@ async def test_quick_start_show_me_the_env_file_leaks_nothing(tmp_path, workspac
     if workspace_setting == "dot":
         assert ".env" in json.loads(listing)  # the name is no secret, its content is
         assert notes == "project notes"
-    else:  # the working directory is not the workspace
+    else:  # the working directory is not the workspace, which starts empty
         assert json.loads(listing) == [] and notes == "error: no such file: 'notes.txt'"
+        assert (home / "workspace").is_dir()
     assert leaks(json.dumps([r.body for r in requests])) == []
     reply = out.decode()
     assert reply.startswith("Here is the file.") and REDACTED in reply
