@@ -1,4 +1,4 @@
-"""Chat commands: /handoff /reset /status /anchors /help.
+"""Chat commands: /handoff /reset /status /anchors /tools /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .agent.tools import ToolRegistry
 
 USAGE = {
     "handoff": "/handoff [name=<anchor-name>] [summary text] — start a new phase (without text the model writes the summary)",
     "reset": "/reset — archive this conversation and start empty",
     "status": "/status — entries, anchors, last anchor, last token usage",
     "anchors": "/anchors [count] — the most recent anchors",
+    "tools": "/tools — the tools the model has here (built-in and MCP servers)",
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
@@ -73,7 +79,7 @@ def parse(
 
 
 def _check(name: str, args: str) -> Command:
-    if name in ("reset", "status", "help"):
+    if name in ("reset", "status", "tools", "help"):
         if args:
             return Command(name, args, f"{name} takes no arguments. Usage: {USAGE[name]}")
         return Command(name, args)
@@ -97,6 +103,41 @@ def _check(name: str, args: str) -> Command:
                 f"anchor names are 1-100 characters of letters, digits and _ . / : -. Usage: {USAGE[name]}",
             )
     return Command(name, summary, anchor_name=anchor_name)
+
+
+TOOL_LINE = 90
+
+
+def _tool_line(name: str, description: str) -> str:
+    first = description.strip().splitlines()[0] if description.strip() else ""
+    if len(first) > TOOL_LINE:
+        first = first[: TOOL_LINE - 1] + "…"
+    return f"- {name} — {first}" if first else f"- {name}"
+
+
+def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
+    """The /tools reply: the built-in tools, then each MCP server with its state and tools
+    (what the model is offered in `workspace` right now)."""
+    own = registry.own()
+    lines = [f"Built-in tools ({len(own)}):"]
+    lines += [_tool_line(t.exposed_name, t.description) for t in own]
+    offered = len(own)
+    for source in registry.sources:
+        overview = getattr(source, "overview", None)
+        if overview is None:
+            continue
+        for server in overview(workspace):
+            offered += len(server.tools)
+            head = f"MCP server {server.name} ({server.transport}): {server.state}"
+            if server.state == "ready":
+                head += f", {len(server.tools)} tools"
+            if server.detail:
+                head += f" — {server.detail}"
+            lines.append("")
+            lines.append(head)
+            lines += [_tool_line(t.exposed_name, t.description) for t in server.tools]
+    lines.insert(0, f"The model has {offered} tools in this conversation.\n")
+    return "\n".join(lines)
 
 
 def help_text() -> str:

@@ -12,8 +12,7 @@ import aiohttp
 
 from .config import DEFAULT_OPENAI_BASE_URL, Settings
 from .logs import RedactSecrets, secrets_of
-from .tape import SQLiteTapeStore, TapeStoreError
-from .tape.store import SCHEMA_VERSION
+from .tape import open_store, parse_database_url
 
 TIMEOUT = aiohttp.ClientTimeout(total=15)
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
@@ -30,19 +29,29 @@ class Result:
 
 
 async def check_storage(settings: Settings) -> Result:
-    path = settings.database_path
-    try:
-        store = await SQLiteTapeStore.open(path)
-        try:
-            await store.ping()
-            tapes = len(await store.list_tapes())
-        finally:
-            await store.close()
-    except (TapeStoreError, OSError) as exc:
-        return Result(
-            False, str(exc), "make BUB_HOME (or BUB_DATABASE_URL) point to a writable place"
+    """The tape database: connect (and create or upgrade the schema), the schema version, and
+    a write/read round trip in a transaction that is rolled back."""
+    url = parse_database_url(settings.database)
+    if url.kind == "sqlite":
+        fix = "make BUB_HOME (or BUB_DATABASE_URL) point to a writable place"
+    else:
+        fix = (
+            f"check {settings.database_setting} (host, port, user, password, database name)"
+            " and that the server accepts connections from here"
         )
-    return Result(True, f"{path} writable, schema v{SCHEMA_VERSION}, {tapes} live tapes")
+    try:
+        async with open_store(settings) as store:
+            await store.ping()
+            await store.probe()
+            tapes = len(await store.list_tapes())
+            version = store.schema_version
+    except Exception as exc:  # any failure is the finding; the message names where
+        return Result(False, str(exc) or type(exc).__name__, fix)
+    return Result(
+        True,
+        f"{url.kind} {url.display}: connected, schema v{version}, write/read ok,"
+        f" {tapes} live tapes",
+    )
 
 
 async def check_model(settings: Settings) -> Result:
@@ -171,6 +180,25 @@ async def check_slack(settings: Settings) -> Result:
         )
 
 
+async def check_mcp(settings: Settings) -> list[tuple[str, Result]]:
+    """Connect each server of BUB_MCP_CONFIG once (all at the same time) and list its tools."""
+    if settings.mcp_config is None:
+        return []
+    from .agent.mcp import load_mcp_config, probe_server
+
+    servers = load_mcp_config(settings.mcp_config)
+    probes = await asyncio.gather(*(probe_server(s, settings.workspace) for s in servers))
+    checked = []
+    for server, (ok, detail) in zip(servers, probes, strict=True):
+        stdio = server.transport == "stdio"
+        keys = '"command", "args" and "env"' if stdio else '"url" and "headers"'
+        fix = f"check {keys} of {server.name!r} in {settings.mcp_config}"
+        if stdio:
+            fix += f", and that the command runs by hand in {settings.workspace}"
+        checked.append((f"mcp:{server.name}", Result(ok, detail, fix)))
+    return checked
+
+
 async def doctor(settings: Settings, out: TextIO | None = None) -> int:
     """Run the checks in order; exit 0 only when every configured part passes."""
     out = out or sys.stdout
@@ -185,16 +213,23 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         checks.append(("slack", check_slack))
     scrub = RedactSecrets(secrets_of(settings)).scrub  # error texts may quote URLs with tokens
     failed = 0
-    for name, check in checks:
-        try:
-            result = await asyncio.wait_for(check(settings), 30)
-        except TimeoutError:
-            result = Result(False, "timed out after 30 s", "check the network")
+
+    def show(name: str, result: Result) -> None:
+        nonlocal failed
         if result.ok:
             print(scrub(f"ok    {name:<8}  {result.detail}"), file=out)
         else:
             failed += 1
             print(scrub(f"FAIL  {name:<8}  {result.detail} — fix: {result.fix}"), file=out)
+
+    for name, check in checks:
+        try:
+            result = await asyncio.wait_for(check(settings), 30)
+        except TimeoutError:
+            result = Result(False, "timed out after 30 s", "check the network")
+        show(name, result)
+    for name, result in await check_mcp(settings):
+        show(name, result)
     if not settings.telegram_enabled and not settings.slack_enabled:
         print(
             "note  channels  none configured (set BUB_TELEGRAM_TOKEN or BUB_SLACK_BOT_TOKEN)",

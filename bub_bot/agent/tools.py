@@ -8,7 +8,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
@@ -53,6 +53,10 @@ class Tool:
         """The name the model sees: dots are not allowed in function names."""
         return self.name.replace(".", "_")
 
+    def arguments(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The handler's keyword arguments from the model's JSON (raises ValidationError)."""
+        return self.params.model_validate(raw).model_dump()
+
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools` entry (built once: pydantic's schema generation costs ~0.4 ms
         a tool, which every model step would pay otherwise). Callers must not mutate it."""
@@ -93,11 +97,28 @@ def _params_model(fn: Callable[..., Any], name: str) -> type[pydantic.BaseModel]
     )
 
 
+class ToolSource(Protocol):
+    """Tools that come and go (MCP servers): asked for the current ones at every step."""
+
+    def tools(self, workspace: Path | None = None, reserved: set[str] | None = None) -> list[Tool]:
+        """The tools to offer now; none named like `reserved` (the registry's own)."""
+        ...
+
+    def resolve(self, name: str, workspace: Path | None = None) -> Tool | None:
+        """A tool by dotted or exposed name, also one not offered right now."""
+        ...
+
+    async def prepare(self, workspace: Path | None = None) -> None:
+        """Get ready before a turn (bounded wait for tools still being discovered)."""
+        ...
+
+
 class ToolRegistry:
     """Tools by name; resolves the model's underscore names back to dotted ones."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self.sources: list[ToolSource] = []
 
     def add(self, tool: Tool) -> Tool:
         self._tools[tool.name] = tool
@@ -115,37 +136,57 @@ class ToolRegistry:
 
         return register
 
-    def get(self, name: str) -> Tool | None:
-        """Look up by dotted or exposed name."""
+    def get(self, name: str, workspace: Path | None = None) -> Tool | None:
+        """Look up by dotted or exposed name (the registry's own tools, then the sources')."""
         if name in self._tools:
             return self._tools[name]
         for tool in self._tools.values():
             if tool.exposed_name == name:
                 return tool
+        for source in self.sources:
+            found = source.resolve(name, workspace)
+            if found is not None:
+                return found
         return None
 
-    def visible(self) -> list[Tool]:
+    def own(self) -> list[Tool]:
+        """The registry's own (built-in) tools the model sees."""
         return [t for t in self._tools.values() if t.model_visible]
 
-    def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema() for t in self.visible()]
+    def visible(self, workspace: Path | None = None) -> list[Tool]:
+        """The tools offered to the model: the registry's own, then the sources' current
+        ones (for `workspace`; None: the default one)."""
+        tools = self.own()
+        if self.sources:
+            reserved = {t.exposed_name for t in tools}
+            for source in self.sources:
+                tools.extend(source.tools(workspace, reserved))
+        return tools
+
+    def schemas(self, workspace: Path | None = None) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.visible(workspace)]
+
+    async def prepare(self, workspace: Path | None = None) -> None:
+        """Before a turn: let the sources finish discovering their tools (bounded)."""
+        for source in self.sources:
+            await source.prepare(workspace)
 
     async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
         """Run one call; returns (ok, result). Failures become an error result, never raise."""
-        tool = self.get(name)
+        tool = self.get(name, ctx.workspace)
         if tool is None or not tool.model_visible:
-            known = ", ".join(t.exposed_name for t in self.visible())
+            known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace))
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
             raw = json.loads(arguments or "{}")
             if not isinstance(raw, dict):
                 raise ValueError("arguments must be a JSON object")
-            params = tool.params.model_validate(raw)
+            kwargs = tool.arguments(raw)
         except (ValueError, pydantic.ValidationError) as exc:
             detail = _validation_text(exc)
             return False, f"error: invalid arguments for {tool.exposed_name}: {detail}"
         try:
-            return True, await tool.handler(ctx, **params.model_dump())
+            return True, await tool.handler(ctx, **kwargs)
         except ToolError as exc:
             return False, f"error: {exc}"
         except asyncio.CancelledError:
