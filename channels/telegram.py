@@ -6,10 +6,11 @@ polling loop is our own rather than aiogram's Dispatcher, because the Dispatcher
 offset before its handlers finish. Re-deliveries are recognised by `<chat_id>:<message_id>`
 (update ids restart after long gaps and webhook switches; message ids never repeat in a chat).
 
-Outbound: the model's Markdown becomes Telegram HTML (`telegram_format`), cut at 4096 UTF-16
-units. A piece Telegram cannot parse is re-sent as its original Markdown; a 429 waits and
-re-sends only that piece; a connection lost after the request may have reached Telegram is
-reported as `DeliveryUnknown` and never re-sent blindly (aiogram itself never retries).
+Outbound (`telegram_outbox`): the model's Markdown becomes Telegram HTML, cut at 4096 UTF-16
+units, and every message is paced within Telegram's send limits, fairly across chats. A piece
+Telegram cannot parse is re-sent as its original Markdown; a 429 pauses the chat and re-sends
+only that piece; a connection lost after the request may have reached Telegram is reported as
+`DeliveryUnknown` and never re-sent blindly (aiogram itself never retries).
 
 The token is part of every Bot API URL, so nothing here logs URLs or raw aiohttp errors.
 """
@@ -25,7 +26,6 @@ import logging
 import mimetypes
 import re
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -39,33 +39,27 @@ from aiogram.exceptions import (
     TelegramAPIError,
     TelegramBadRequest,
     TelegramConflictError,
-    TelegramEntityTooLarge,
-    TelegramMigrateToChat,
-    TelegramNetworkError,
     TelegramRetryAfter,
-    TelegramServerError,
     TelegramUnauthorizedError,
 )
-from aiogram.types import BotCommand, Message, PhotoSize, ReplyParameters, Update
+from aiogram.types import BotCommand, Message, PhotoSize, Update
 from aiohttp import web
 from pydantic import ValidationError
 
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
-from .telegram_format import LIMIT, html_to_text, split_markdown
+from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
+from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 
 log = logging.getLogger("channels.telegram")
 
 ALLOWED_UPDATES = ["message"]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-GENERAL_TOPIC = 1
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 HINT_INTERVAL = 3600.0
+HINT_TIMEOUT = 10.0
 QUOTE_CHARS = 500
-MAX_SEND_ATTEMPTS = 8
-MAX_RETRY_AFTER = 300
 NOT_ALLOWED = (
     "Sorry, I only talk to people I have been told about. Your Telegram user id is {id}."
     " Ask whoever runs this bot to add it to BUB_TELEGRAM_ALLOW_USERS."
@@ -110,12 +104,20 @@ class TelegramChannel:
         self._offset: int | None = None
         self._migrated: dict[int, int] = {}
         self._hinted: dict[int, float] = {}
-        self._sources: OrderedDict[str, str] = OrderedDict()
         self._allow_users, self._allow_user_names, self._all_users = _allow_list(
             settings.telegram_allow_users
         )
         self._allow_chats, self._allow_chat_names, self._all_chats = _allow_list(
             settings.telegram_allow_chats
+        )
+        self._outbox = TelegramOutbox(
+            settings,
+            api=self._api,
+            scrub=self._scrub,
+            route=self._route,
+            moved=self._moved,
+            retry_base=retry_base,
+            typing_interval=typing_interval,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -460,9 +462,14 @@ class TelegramChannel:
         self._hinted[user_id] = now
         log.info("telegram.unauthorised user=%d (sent the id hint)", user_id)
         try:
-            async with self._api() as bot:
-                await bot.send_message(user_id, NOT_ALLOWED.format(id=user_id))
-        except (TelegramAPIError, AiogramError, DeliveryError) as exc:
+            # Bounded: under flood control the hint is dropped rather than holding up updates.
+            await asyncio.wait_for(
+                self._outbox.call(
+                    user_id, lambda bot: bot.send_message(user_id, NOT_ALLOWED.format(id=user_id))
+                ),
+                HINT_TIMEOUT,
+            )
+        except (TelegramAPIError, AiogramError, DeliveryError, TimeoutError) as exc:
             log.warning("telegram.hint failed user=%d: %s", user_id, self._scrub(exc))
 
     def _reply_context(self, message: Message) -> str:
@@ -540,75 +547,15 @@ class TelegramChannel:
         kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
         return f"data:{kind};base64,{base64.b64encode(data).decode()}"
 
-    # -- outbound ------------------------------------------------------------------------------
+    # -- outbound (telegram_outbox) ----------------------------------------------------------
     def split(self, text: str) -> list[str]:
-        pieces = split_markdown(text, LIMIT)
-        for piece in pieces:
-            self._sources[piece.html] = piece.markdown
-            self._sources.move_to_end(piece.html)
-        while len(self._sources) > 512:
-            self._sources.popitem(last=False)
-        return [p.html for p in pieces]
-
-    def _plain(self, piece: str) -> str:
-        """The Markdown a piece came from (sent as plain text when Telegram rejects the HTML)."""
-        return self._sources.get(piece) or html_to_text(piece)
+        return self._outbox.split(text)
 
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
-        chat_id = self._route(int(target["chat_id"]))
-        thread = target.get("thread_id")
-        thread = None if thread in (None, GENERAL_TOPIC) else int(thread)
-        reply_to = target.get("message_id")
-        text, mode = piece, "HTML"
-        for attempt in range(1, MAX_SEND_ATTEMPTS + 1):
-            kwargs: dict[str, Any] = {}
-            if reply_to:
-                kwargs["reply_parameters"] = ReplyParameters(
-                    message_id=int(reply_to), allow_sending_without_reply=True
-                )
-            if thread:
-                kwargs["message_thread_id"] = thread
-            try:
-                async with self._api() as bot:
-                    sent = await bot.send_message(chat_id, text, parse_mode=mode, **kwargs)
-                return [str(sent.message_id)]
-            except TelegramRetryAfter as exc:
-                if exc.retry_after > MAX_RETRY_AFTER:
-                    raise DeliveryError(f"flood control: retry after {exc.retry_after}s") from None
-                log.warning(
-                    "telegram.send flood control chat=%d: waiting %ss", chat_id, exc.retry_after
-                )
-                await asyncio.sleep(exc.retry_after)
-            except TelegramMigrateToChat as exc:
-                log.info("telegram.chat_migrated from=%d to=%d", chat_id, exc.migrate_to_chat_id)
-                self._migrated[chat_id] = exc.migrate_to_chat_id
-                chat_id = exc.migrate_to_chat_id
-            except TelegramBadRequest as exc:
-                desc = exc.message.lower()
-                if "can't parse entities" in desc and mode is not None:
-                    log.warning("telegram.send HTML refused, sending plain text: %s", exc.message)
-                    text, mode = self._plain(piece), None
-                elif "message is not modified" in desc:
-                    return []
-                elif "thread not found" in desc and thread:
-                    thread = None  # the topic is gone: post in the chat instead
-                elif "replied not found" in desc or "to be replied not found" in desc:
-                    reply_to = None
-                else:
-                    raise DeliveryError(self._scrub(exc)) from None
-            except TelegramEntityTooLarge as exc:
-                raise DeliveryError(self._scrub(exc)) from None
-            except TelegramNetworkError as exc:
-                if isinstance(exc.__cause__, aiohttp.ClientConnectorError) and attempt < 4:
-                    # The connection was never made, so Telegram cannot have the message.
-                    await asyncio.sleep(self.retry_base * attempt)
-                    continue
-                raise DeliveryUnknown(self._scrub(exc)) from None
-            except TelegramServerError as exc:
-                raise DeliveryUnknown(self._scrub(exc)) from None
-            except (TelegramAPIError, AiogramError) as exc:
-                raise DeliveryError(self._scrub(exc)) from None
-        raise DeliveryError(f"gave up after {MAX_SEND_ATTEMPTS} attempts")
+        return await self._outbox.send(target, piece)
+
+    def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._outbox.working(target)
 
     def _route(self, chat_id: int) -> int:
         seen = {chat_id}
@@ -619,36 +566,10 @@ class TelegramChannel:
             seen.add(chat_id)
         return chat_id
 
-    @contextlib.asynccontextmanager
-    async def working(self, target: dict[str, Any]) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._typing(target), name="telegram-typing")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _typing(self, target: dict[str, Any]) -> None:
-        thread = target.get("thread_id")
-        warned = False
-        while True:
-            wait = self.typing_interval
-            try:
-                chat_id = self._route(int(target["chat_id"]))
-                async with self._api() as bot:
-                    await bot.send_chat_action(
-                        chat_id, "typing", message_thread_id=int(thread) if thread else None
-                    )
-            except asyncio.CancelledError:
-                raise
-            except TelegramRetryAfter as exc:
-                wait = max(wait, float(exc.retry_after))
-            except Exception as exc:
-                if not warned:
-                    log.warning("telegram.typing failed: %s", self._scrub(exc))
-                    warned = True
-            await asyncio.sleep(wait)
+    def _moved(self, old: int, new: int) -> None:
+        """A send learned that group `old` is supergroup `new` now."""
+        log.info("telegram.chat_migrated from=%d to=%d", old, new)
+        self._migrated[old] = new
 
     # -- helpers -------------------------------------------------------------------------------
     def _scrub(self, exc: BaseException | str) -> str:

@@ -80,6 +80,10 @@ async def start(
             "telegram_api_base": tg.base_url,
             "telegram_allow_users": "*",
             "shutdown_grace_seconds": 3,
+            # Telegram's limits twenty times faster (1/s per chat would make a long answer
+            # take seconds); the limits themselves are tested in test_telegram_limits.py.
+            "telegram_rate_chat": "1/0.05s",
+            "telegram_rate_group": "20/3s",
         }
         values.update(overrides)
         conf = settings(**values)

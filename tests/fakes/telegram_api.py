@@ -5,6 +5,10 @@
 objects as JSON strings) as well as JSON bodies and query strings, validates like the real API
 (HTML entity parsing, UTF-16 length, the General-topic and reply quirks), records every call,
 and supports one-shot fault injection. Builder methods produce realistic update dicts.
+
+``enforce_limits()`` turns on Telegram's send limits (messages per second overall, per chat,
+per group): past them the fake answers 429 with ``retry_after`` and counts how often the bot
+came back before it was told it could (``FloodControl``). Off by default.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import html
 import json
+import math
 import re
 import time
 from collections import defaultdict, deque
@@ -150,6 +155,14 @@ def _shallow(message: Params) -> Params:
     return {k: v for k, v in message.items() if k != "reply_to_message"}
 
 
+def _chat_key(chat_id: Any) -> int:
+    """A chat id as the limits count it (a ``@username`` counts as one private chat)."""
+    try:
+        return int(chat_id)
+    except (TypeError, ValueError):
+        return 0
+
+
 def _decode(key: str, value: Any) -> Any:
     """Decode one form value: ints, bools and nested objects arrive as JSON strings."""
     if not isinstance(value, str) or key in _STRING_FIELDS:
@@ -169,6 +182,88 @@ class Fault:
     parameters: Params | None = None
     drop: bool = False
     after_processing: bool = True
+
+
+Limit = tuple[int, float]
+"""At most ``count`` requests in any ``seconds``: (count, seconds)."""
+LIMITED_METHODS = frozenset({"sendMessage", "editMessageText", "sendMessageDraft"})
+
+
+@dataclass
+class FloodControl:
+    """Telegram's send limits as the fake enforces them, with what happened.
+
+    A request of a limited method is refused with 429 when it would be more than ``count`` in
+    any ``seconds`` (the sliding window ends at its arrival) for the whole bot (``overall``),
+    for its chat (``chat``), or for its group (``group``, chat ids below zero). The 429 carries
+    ``retry_after`` (whole seconds, at least 1, like Telegram): until then its chat (or, for
+    the overall limit, every chat) is refused again. Only accepted requests count.
+    """
+
+    overall: Limit
+    chat: Limit
+    group: Limit
+    methods: frozenset[str] = LIMITED_METHODS
+    accepted: int = 0
+    rejected: int = 0
+    """429s the limits answered (not counting ``fail_next`` ones)."""
+    ignored_retry_after: int = 0
+    """Requests to a chat that came before the ``retry_after`` it was told had passed."""
+    bot_until: float = 0.0
+    chat_until: dict[int, float] = field(default_factory=dict)
+    told_until: dict[int, float] = field(default_factory=dict)
+    _overall: deque[float] = field(default_factory=deque)
+    _chats: dict[int, deque[float]] = field(default_factory=lambda: defaultdict(deque))
+    _groups: dict[int, deque[float]] = field(default_factory=lambda: defaultdict(deque))
+
+    def admit(self, chat_id: int, now: float) -> ApiError | None:
+        """None when the request may go through (it is counted), else the 429 to answer."""
+        if now < self.told_until.get(chat_id, 0.0):
+            self.ignored_retry_after += 1
+        wait = max(self.bot_until, self.chat_until.get(chat_id, 0.0)) - now
+        if wait > 0:
+            return self._refuse(chat_id, wait, now)
+        over = _window_wait(self._overall, self.overall, now)
+        if over > 0:
+            self.bot_until = now + math.ceil(over)
+            return self._refuse(chat_id, over, now)
+        waits = [_window_wait(self._chats[chat_id], self.chat, now)]
+        if chat_id < 0:
+            waits.append(_window_wait(self._groups[chat_id], self.group, now))
+        if max(waits) > 0:
+            self.chat_until[chat_id] = now + math.ceil(max(waits))
+            return self._refuse(chat_id, max(waits), now)
+        self.accepted += 1
+        self._overall.append(now)
+        self._chats[chat_id].append(now)
+        if chat_id < 0:
+            self._groups[chat_id].append(now)
+        return None
+
+    def told(self, chat_id: int, retry_after: int, now: float) -> None:
+        """A 429 with ``retry_after`` went to ``chat_id`` (also a forced one)."""
+        self.told_until[chat_id] = max(self.told_until.get(chat_id, 0.0), now + retry_after)
+        self.chat_until[chat_id] = max(self.chat_until.get(chat_id, 0.0), now + retry_after)
+
+    def _refuse(self, chat_id: int, wait: float, now: float) -> ApiError:
+        retry_after = max(1, math.ceil(wait))
+        self.rejected += 1
+        self.told_until[chat_id] = max(self.told_until.get(chat_id, 0.0), now + retry_after)
+        return ApiError(
+            429,
+            f"Too Many Requests: retry after {retry_after}",
+            {"retry_after": retry_after},
+        )
+
+
+def _window_wait(arrivals: deque[float], limit: Limit, now: float) -> float:
+    """Seconds until one more request fits into ``limit`` (0 when it fits now)."""
+    count, seconds = limit
+    while arrivals and arrivals[0] <= now - seconds:
+        arrivals.popleft()
+    if len(arrivals) < count:
+        return 0.0
+    return arrivals[len(arrivals) - count] + seconds - now
 
 
 @dataclass
@@ -206,6 +301,7 @@ class FakeTelegram:
         self._poll = _PollState()
         self._closing = False
         self._runner: web.AppRunner | None = None
+        self.limits: FloodControl | None = None
         self.methods: dict[str, Handler] = {
             "getMe": self._get_me,
             "getUpdates": self._get_updates,
@@ -258,6 +354,38 @@ class FakeTelegram:
                 description or "Bad Request: group chat was upgraded to a supergroup chat"
             )
         self._faults[method].append(fault)
+
+    def enforce_limits(
+        self,
+        *,
+        overall: Limit = (30, 1.0),
+        chat: Limit = (1, 1.0),
+        group: Limit = (20, 60.0),
+        time_scale: float = 1.0,
+        methods: frozenset[str] = LIMITED_METHODS,
+    ) -> FloodControl:
+        """Refuse sends past Telegram's limits with 429 (see ``FloodControl``).
+
+        ``time_scale=10`` makes every window ten times shorter (30 per 0.1 s, ...), so a test
+        runs a minute of traffic in six seconds; ``retry_after`` stays whole seconds."""
+
+        def scaled(limit: Limit) -> Limit:
+            return limit[0], limit[1] / time_scale
+
+        self.limits = FloodControl(scaled(overall), scaled(chat), scaled(group), methods)
+        return self.limits
+
+    def flood(self, retry_after: int, chat_id: int | None = None) -> None:
+        """Start answering 429 now, for ``retry_after`` seconds: in ``chat_id``, or bot-wide.
+
+        Needs ``enforce_limits()``."""
+        if self.limits is None:
+            raise RuntimeError("flood() needs enforce_limits() first")
+        until = time.monotonic() + retry_after
+        if chat_id is None:
+            self.limits.bot_until = max(self.limits.bot_until, until)
+        else:
+            self.limits.chat_until[chat_id] = max(self.limits.chat_until.get(chat_id, 0.0), until)
 
     def drop_next(self, method: str, *, after_processing: bool = True) -> None:
         """Close the connection on the next call of ``method`` without answering.
@@ -482,6 +610,13 @@ class FakeTelegram:
         fault = self._faults[method].popleft() if self._faults[method] else None
         if fault and fault.drop and not fault.after_processing:
             return self._drop(request)
+        if self.limits is not None and method in self.limits.methods:
+            chat_id, now = _chat_key(params.get("chat_id")), time.monotonic()
+            retry_after = (fault.parameters or {}).get("retry_after") if fault else None
+            if retry_after is not None:
+                self.limits.told(chat_id, int(retry_after), now)
+            elif not (fault and not fault.drop) and (refusal := self.limits.admit(chat_id, now)):
+                return web.json_response(refusal.payload(), status=429)
         if fault and not fault.drop:
             err = ApiError(fault.code, fault.description, fault.parameters)
             return web.json_response(err.payload(), status=fault.code)

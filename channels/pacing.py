@@ -1,0 +1,302 @@
+"""Outbound pacing: keep a bot under a platform's send limits, fairly across chats.
+
+A `Pacer` hands out turns to send. Each request to the platform is one turn:
+
+    async with pacer.turn(chat_id, group=True):
+        await bot.send_message(...)
+
+Limits are sliding windows (`Rate`: at most `count` requests in any `seconds`) for the whole
+bot, for each key (a chat, a Slack channel) and, on top, for each key marked `group`. A
+request holds its place in every window from the moment it is let go until `seconds` after it
+*finished*: the platform saw it somewhere in between, so however long the request took on the
+wire, the platform never counts more than `count` in any window of its own.
+
+Fairness: keys with waiting requests take turns (round robin), one request each per round,
+among those whose own windows allow a request now. A key with a long backlog (a busy group)
+gets one turn per round like every other key, so a private chat waits at most one round.
+Within a key requests go out first come, first served, one after the other when the key's
+window holds one request (the usual 1/s per chat), which keeps pieces in order.
+
+Pauses: a 429 with a retry-after pauses its key (`flood`), or everything (`pause_all`, or
+`flood` when several keys are told to wait at once, which is how a bot-wide limit shows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Hashable
+from dataclasses import dataclass
+
+from bub_bot.config import parse_rate
+
+log = logging.getLogger("channels.pacing")
+
+FLOOD_KEYS = 3
+"""How many keys told to wait within `FLOOD_SPAN` seconds make a flood bot-wide."""
+FLOOD_SPAN = 1.0
+_SWEEP_EVERY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most `count` requests in any `seconds`."""
+
+    count: int
+    seconds: float
+
+    @classmethod
+    def parse(cls, value: str) -> Rate | None:
+        """A rate setting (`30/s`, `20/min`, `1/0.1s`); None for `off`."""
+        parsed = parse_rate(value)
+        return cls(*parsed) if parsed else None
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.seconds:g}s"
+
+
+class Window:
+    """The requests one `Rate` counts: those in flight and those finished in its last window."""
+
+    __slots__ = ("busy", "finished", "rate")
+
+    def __init__(self, rate: Rate) -> None:
+        self.rate = rate
+        self.busy = 0
+        self.finished: deque[float] = deque()
+
+    def free_at(self, now: float) -> float:
+        """The earliest time another request fits (`now` if it does, inf until one finishes)."""
+        finished, seconds = self.finished, self.rate.seconds
+        while finished and finished[0] <= now - seconds:
+            finished.popleft()
+        over = self.busy + len(finished) - self.rate.count + 1
+        if over <= 0:
+            return now
+        if over > len(finished):
+            return math.inf
+        return finished[over - 1] + seconds
+
+    def idle(self, now: float) -> bool:
+        """Nothing in flight and nothing counted any more."""
+        self.free_at(now)  # drops what left the window
+        return self.busy == 0 and not self.finished
+
+    def start(self) -> None:
+        self.busy += 1
+
+    def finish(self, now: float, *, counted: bool = True) -> None:
+        self.busy -= 1
+        if counted:
+            self.finished.append(now)
+
+
+class _Lane:
+    """One key's queue of waiting requests, its windows and its pause."""
+
+    __slots__ = ("group", "paused_until", "waiters", "windows")
+
+    def __init__(self, windows: list[Window]) -> None:
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.windows = windows
+        self.group = False
+        self.paused_until = 0.0
+
+    def ready_at(self, now: float) -> float:
+        at = max(now, self.paused_until)
+        for window in self.windows:
+            at = max(at, window.free_at(now))
+        return at
+
+    def idle(self, now: float) -> bool:
+        return (
+            not self.waiters
+            and self.paused_until <= now
+            and all(window.idle(now) for window in self.windows)
+        )
+
+
+class Pacer:
+    """A fair scheduler of outbound requests under sliding-window limits (see the module).
+
+    `overall` limits the whole bot, `per_key` each key, `per_group` each key sent with
+    `group=True` (on top of `per_key`); None means no such limit.
+    """
+
+    def __init__(
+        self,
+        *,
+        overall: Rate | None = None,
+        per_key: Rate | None = None,
+        per_group: Rate | None = None,
+        name: str = "pacer",
+    ) -> None:
+        self.overall = Window(overall) if overall else None
+        self.per_key = per_key
+        self.per_group = per_group
+        self.name = name
+        self.paused_until = 0.0
+        self.floods = 0
+        """429s reported through `flood` (for logs and metrics)."""
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._queue: OrderedDict[Hashable, _Lane] = OrderedDict()  # lanes with waiters, in turn
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._recent_floods: deque[tuple[float, Hashable]] = deque()
+        self._releases = 0
+
+    # -- public --------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def turn(self, key: Hashable, *, group: bool = False) -> AsyncIterator[None]:
+        """Wait for `key`'s turn; the block is one request (it counts until `seconds` after
+        the block ends, also when the request failed)."""
+        loop = asyncio.get_running_loop()
+        lane = self._lane(key, group)
+        waiter: asyncio.Future[None] = loop.create_future()
+        lane.waiters.append(waiter)
+        self._queue.setdefault(key, lane)
+        self._pump()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release(lane, counted=False)  # let go but never used
+            else:
+                with contextlib.suppress(ValueError):
+                    lane.waiters.remove(waiter)
+                if not lane.waiters:
+                    self._queue.pop(key, None)
+                self._pump()
+            raise
+        try:
+            yield
+        finally:
+            self._release(lane)
+
+    def pause(self, key: Hashable, seconds: float) -> None:
+        """Send nothing to `key` for `seconds` (what a 429's retry-after asks for)."""
+        lane = self._lane(key, False)
+        lane.paused_until = max(lane.paused_until, self._now() + seconds)
+        self._pump()
+
+    def pause_all(self, seconds: float) -> None:
+        """Send nothing at all for `seconds` (a bot-wide or per-method 429)."""
+        self.paused_until = max(self.paused_until, self._now() + seconds)
+        self._pump()
+
+    def flood(self, key: Hashable, seconds: float) -> bool:
+        """A 429 for `key`: pause it; when `FLOOD_KEYS` different keys were told to wait within
+        `FLOOD_SPAN` seconds the limit is bot-wide, so pause everything. True if it did."""
+        self.floods += 1
+        now = self._now()
+        recent = self._recent_floods
+        recent.append((now, key))
+        while recent and recent[0][0] < now - FLOOD_SPAN:
+            recent.popleft()
+        self.pause(key, seconds)
+        if len({k for _, k in recent}) >= FLOOD_KEYS:
+            recent.clear()
+            log.warning("%s.flood bot-wide: pausing every send for %.1fs", self.name, seconds)
+            self.pause_all(seconds)
+            return True
+        return False
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn now."""
+        return sum(len(lane.waiters) for lane in self._queue.values())
+
+    @property
+    def tracked(self) -> int:
+        """Keys the pacer keeps state for (idle ones are forgotten every few hundred turns)."""
+        return len(self._lanes)
+
+    # -- the scheduler -------------------------------------------------------------------------
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _lane(self, key: Hashable, group: bool) -> _Lane:
+        lane = self._lanes.get(key)
+        if lane is None:
+            windows = [Window(self.per_key)] if self.per_key else []
+            lane = self._lanes[key] = _Lane(windows)
+        if group and not lane.group:
+            lane.group = True
+            if self.per_group:
+                lane.windows.append(Window(self.per_group))
+        return lane
+
+    def _release(self, lane: _Lane, *, counted: bool = True) -> None:
+        now = self._now()
+        if self.overall:
+            self.overall.finish(now, counted=counted)
+        for window in lane.windows:
+            window.finish(now, counted=counted)
+        self._releases += 1
+        if self._releases % _SWEEP_EVERY == 0:
+            self._sweep(now)
+        self._pump()
+
+    def _sweep(self, now: float) -> None:
+        """Forget keys with nothing waiting, in flight or counted (chats come and go)."""
+        for key in [k for k, lane in self._lanes.items() if lane.idle(now)]:
+            del self._lanes[key]
+
+    def _pump(self) -> None:
+        """Let go as many requests as the limits allow now, taking keys in turn; then set a
+        timer for the moment the next one fits."""
+        now = self._now()
+        while self._queue:
+            at = max(now, self.paused_until)
+            if self.overall:
+                at = max(at, self.overall.free_at(now))
+            if at > now:
+                self._wake_at(at)
+                return
+            soonest = math.inf
+            for key, lane in self._queue.items():
+                # A waiter cancelled before its turn is skipped (and removed by its task).
+                while lane.waiters and lane.waiters[0].done():
+                    lane.waiters.popleft()
+                if not lane.waiters:
+                    continue
+                ready = lane.ready_at(now)
+                if ready <= now:
+                    self._grant(key, lane)
+                    break
+                soonest = min(soonest, ready)
+            else:
+                for key in [k for k, lane in self._queue.items() if not lane.waiters]:
+                    del self._queue[key]
+                if soonest < math.inf:
+                    self._wake_at(soonest)
+                return
+
+    def _grant(self, key: Hashable, lane: _Lane) -> None:
+        waiter = lane.waiters.popleft()
+        if self.overall:
+            self.overall.start()
+        for window in lane.windows:
+            window.start()
+        waiter.set_result(None)
+        if lane.waiters:
+            self._queue.move_to_end(key)  # the next round starts with the other keys
+        else:
+            del self._queue[key]
+
+    def _wake_at(self, at: float) -> None:
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return  # an earlier wake-up is set; it sets the next one
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._pump()
