@@ -115,7 +115,8 @@ async def main() -> None:
             "BUB_SLACK_API_URL": slack.api_url,
         }
         configs = [
-            ("no channel (exits 2)", base, True),
+            ("no channel (exits 2)", base | {"BUB_WEB": "off"}, True),
+            ("web chat only", base, False),
             ("telegram", base | telegram, False),
             ("slack", base | slack_env, False),
             ("both", base | telegram | slack_env, False),

@@ -48,10 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     needs_model = args.command in ("serve", "chat", "run")
     try:
-        settings = load_settings(require_model=needs_model)
+        # `serve` with the web chat as its only channel starts without a model.
+        settings = load_settings(
+            require_model=needs_model, web_may_lack_model=args.command == "serve"
+        )
     except ConfigError as exc:
         print(f"bub-bot: {exc}", file=sys.stderr)
         return 2
+    if args.command == "serve":
+        # Made up before logging is set up, so the log scrubs it like any configured secret.
+        settings = settings.with_web_token()
     from .logs import configure
 
     configure(settings)

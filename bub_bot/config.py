@@ -268,7 +268,9 @@ class Settings(BaseSettings):
                 " OpenAI-compatible server that needs no key)"
             )
         if self.web_token is not None and len(self.web_token) < 8:
-            raise ConfigError("BUB_WEB_TOKEN must be at least 8 characters (or unset: a random one)")
+            raise ConfigError(
+                "BUB_WEB_TOKEN must be at least 8 characters (or unset: a random one)"
+            )
         if self.telegram_webhook_url:
             if not self.telegram_token:
                 raise ConfigError("BUB_TELEGRAM_WEBHOOK_URL is set but BUB_TELEGRAM_TOKEN is not")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -17,7 +18,10 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from .server import Bot
+    from .agent import Agent
+    from .runtime import Runtime
+
+Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
 
 
 class Metrics:
@@ -95,21 +99,22 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def install(bot: Bot) -> Metrics:
-    """Feed a bot's runtime and agent events into counters and mount GET /metrics."""
+def install(
+    runtime: Runtime, agent: Agent, channels: Iterable[str], token: str | None
+) -> tuple[Metrics, Route]:
+    """Feed the runtime's and agent's events into counters; returns them and the
+    GET /metrics route (`token`: the bearer token it requires, if any)."""
     metrics = Metrics()
-    bot.runtime.observers.append(metrics.on_runtime)
-    bot.agent.hooks.append(metrics.on_agent)
-    metrics.running_turns.set_function(lambda: bot.runtime.running_turns)
-    for channel in bot.channels:
-        name = channel.name
+    runtime.observers.append(metrics.on_runtime)
+    agent.hooks.append(metrics.on_agent)
+    metrics.running_turns.set_function(lambda: runtime.running_turns)
+    for name in channels:
 
         def age(name: str = name) -> float:
-            last = bot.runtime.last_inbound.get(name)
+            last = runtime.last_inbound.get(name)
             return float("nan") if last is None else time.monotonic() - last
 
         metrics.last_inbound.labels(name).set_function(age)
-    token = bot.settings.metrics_token
 
     async def handler(request: web.Request) -> web.Response:
         if token:
@@ -118,6 +123,4 @@ def install(bot: Bot) -> Metrics:
                 return web.json_response({"error": "unauthorized"}, status=401)
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    bot.extra_routes.append(("GET", "/metrics", handler))
-    bot.metrics = metrics
-    return metrics
+    return metrics, ("GET", "/metrics", handler)

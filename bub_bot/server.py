@@ -38,8 +38,12 @@ class UnconfiguredModel(ModelClient):
     """Stands in for the model while none is configured (`serve` with only the web chat):
     every turn ends with `MODEL_MISSING` as its notice, without a network call."""
 
-    async def complete(self, messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> ModelReply:
-        raise ModelError("no model configured (OPENAI_API_KEY / OPENAI_BASE_URL unset)", MODEL_MISSING)
+    async def complete(
+        self, messages: list[dict[str, Any]], *args: Any, **kwargs: Any
+    ) -> ModelReply:
+        raise ModelError(
+            "no model configured (OPENAI_API_KEY / OPENAI_BASE_URL unset)", MODEL_MISSING
+        )
 
 
 @dataclass

@@ -171,9 +171,10 @@ async def test_config_error_names_the_setting(env, tmp_path) -> None:
 
 
 async def test_serve_without_a_channel_names_the_settings(env, tmp_path) -> None:
+    env["BUB_WEB"] = "off"  # without it the web chat is the channel
     code, _out, err = await bub("serve", env=env, cwd=tmp_path)
     assert code == 2
-    for name in ("BUB_TELEGRAM_TOKEN", "BUB_SLACK_BOT_TOKEN", "bub-bot chat"):
+    for name in ("BUB_TELEGRAM_TOKEN", "BUB_SLACK_BOT_TOKEN", "bub-bot chat", "BUB_WEB"):
         assert name in err
 
 

@@ -1,0 +1,223 @@
+"""Web chat and tape viewer over HTTP (prints figures, asserts nothing).
+
+    .venv/bin/python bench/web_bench.py [--conversations 200] [--messages 3] [--latency 0.2]
+        [--entries 100000] [--repeat 20]
+
+`bub-bot serve` runs as a real process with the web channel only (BUB_MAX_CONCURRENT_TURNS =
+the number of conversations), the fake OpenAI server from `tests/fakes` in a child process
+with a fixed latency per request; the clients (this process) speak the page's API: one
+event stream per conversation, messages POSTed one after another (the next when the
+previous answer arrived).
+
+1. Chat: wall time vs the ideal (messages x latency; target <= 2x) and the time from a POST
+   to the first byte of the event that carries its answer (p50/p99), plus the POST's own
+   time (persist before acknowledge).
+2. Viewer: a web tape of N entries (default 1e5, one anchor at its start, so "since the last
+   anchor" is the whole tape) written before the server starts; time to answer its default
+   view and one page of "all" (newest, and one from the middle), as HTML and JSON
+   (target <= 50 ms for the default view).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bub_bot.tape import SQLiteTapeStore, Tape, TapeEntry  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
+from tests.web_client import WebChat, has_item  # noqa: E402
+
+TOKEN = "bench-token-0123456789"
+PROFILE = (
+    ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
+)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve_fake(latency: float, conn: Any) -> None:
+    async def main() -> None:
+        async with FakeOpenAI(latency=latency) as fake:
+            conn.send(fake.base_url)
+            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+
+    asyncio.run(main())
+
+
+async def write_big_tape(db: Path, workspace: Path, entries: int) -> str:
+    """A web session tape with `entries` entries after its first anchor; returns its name."""
+    async with await SQLiteTapeStore.open(db) as store:
+        tape = Tape.for_session(store, "web:bench-big-tape", workspace)
+        await tape.ensure_bootstrap_anchor()
+        batch: list[TapeEntry] = []
+        for i in range(entries - 1):
+            if i % 4 == 0:
+                batch.append(TapeEntry.message({"role": "user", "content": f"question {i}"}))
+            elif i % 4 == 1:
+                batch.append(
+                    TapeEntry.event("loop.step", {"step": 1, "status": "ok"}, context=False)
+                )
+            else:
+                text = f"Answer {i}: **bold**, a list\n\n- one\n- two\n\n`code` and more text."
+                batch.append(TapeEntry.message({"role": "assistant", "content": text}, turn="t"))
+            if len(batch) >= 2000:
+                await tape.append_many(batch)
+                batch = []
+        if batch:
+            await tape.append_many(batch)
+        return tape.name
+
+
+async def start_serve(home: Path, model_url: str, conversations: int) -> tuple[Any, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUB_", "OPENAI_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        BUB_HOME=str(home),
+        BUB_WORKSPACE=str(home / "ws"),
+        BUB_HOST="127.0.0.1",
+        PORT=str(port),
+        OPENAI_BASE_URL=model_url,
+        OPENAI_API_KEY="sk-bench",
+        BUB_MODEL="fake-model",
+        BUB_MODEL_RETRIES="0",
+        BUB_WEB_TOKEN=TOKEN,
+        BUB_MAX_CONCURRENT_TURNS=str(conversations),
+        BUB_LOG_LEVEL="WARNING",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *PROFILE, "-m", "bub_bot", "serve", cwd=home, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    assert "web chat: open" in line, line
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def chat_bench(chat: WebChat, conversations: int, messages: int) -> dict[str, Any]:
+    ids = [await chat.new_conversation() for _ in range(conversations)]
+    streams = await asyncio.gather(*(chat.events(c) for c in ids))
+    for stream in streams:
+        await stream.until(lambda e: e.event == "sync")
+    answer_ms: list[float] = []
+    post_ms: list[float] = []
+
+    async def converse(conversation: str, stream: Any) -> None:
+        for n in range(messages):
+            client_id = uuid.uuid4().hex
+            started = time.perf_counter()
+            status, _ = await chat.post(conversation, f"message {n}", client_id)
+            post_ms.append((time.perf_counter() - started) * 1000)
+            assert status == 202, status
+            await stream.until(has_item("bot"), timeout=60)
+            answer_ms.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(converse(c, s) for c, s in zip(ids, streams, strict=True)))
+    wall = time.perf_counter() - started
+    for stream in streams:
+        await stream.close()
+    return {"wall": wall, "answer_ms": answer_ms, "post_ms": post_ms}
+
+
+async def timed_get(http: aiohttp.ClientSession, url: str, accept: str, repeat: int) -> list[float]:
+    times = []
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": accept}
+    for _ in range(repeat):
+        started = time.perf_counter()
+        async with http.get(url, headers=headers) as resp:
+            await resp.read()
+            assert resp.status == 200, (url, resp.status)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bub-web-bench-") as tmp:
+        home = Path(tmp)
+        (home / "ws").mkdir()
+        started = time.perf_counter()
+        big = await write_big_tape(home / "bub.db", home / "ws", args.entries)
+        print(f"wrote a tape of {args.entries} entries in {time.perf_counter() - started:.1f} s")
+
+        ctx = mp.get_context("spawn")
+        conn, child = ctx.Pipe()
+        fake = ctx.Process(target=_serve_fake, args=(args.latency, child), daemon=True)
+        fake.start()
+        model_url = await asyncio.to_thread(conn.recv)
+        proc, base = await start_serve(home, model_url, args.conversations)
+        try:
+            connector = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=connector) as http:
+                chat = WebChat(http, base, TOKEN)
+                res = await chat_bench(chat, args.conversations, args.messages)
+                ideal = args.messages * args.latency
+                total = args.conversations * args.messages
+                print(
+                    f"\nchat: {args.conversations} conversations x {args.messages} messages,"
+                    f" model latency {args.latency * 1000:.0f} ms"
+                )
+                print(f"  wall time            {res['wall']:.2f} s   (ideal {ideal:.2f} s)")
+                print(f"  ratio to ideal       {res['wall'] / ideal:.2f}   (target <= 2)")
+                print(f"  messages/s           {total / res['wall']:.0f}")
+                a, p = res["answer_ms"], res["post_ms"]
+                print(f"  POST -> answer event p50 {pct(a, 50):.0f} ms   p99 {pct(a, 99):.0f} ms")
+                print(f"  POST acknowledged    p50 {pct(p, 50):.1f} ms   p99 {pct(p, 99):.1f} ms")
+
+                print(f"\nviewer: tape of {args.entries} entries, median of {args.repeat} requests")
+                views = [
+                    ("default view (since the last anchor)", f"/tapes/{big}"),
+                    ("all, newest page", f"/tapes/{big}?view=all"),
+                    ("all, a middle page", f"/tapes/{big}?view=all&before={args.entries // 2}"),
+                    ("tape list", "/tapes"),
+                    ("chat history (page load)", "/api/conversations/bench-big-tape/messages"),
+                ]
+                for label, path in views:
+                    html = await timed_get(http, base + path, "text/html", args.repeat)
+                    data = await timed_get(http, base + path, "application/json", args.repeat)
+                    print(
+                        f"  {label:<38} HTML {statistics.median(html):6.1f} ms"
+                        f"   JSON {statistics.median(data):6.1f} ms"
+                        f"   (max {max(html + data):.1f} ms)"
+                    )
+                print("  target: default view <= 50 ms")
+        finally:
+            proc.terminate()
+            await proc.wait()
+            conn.send("stop")
+            await asyncio.to_thread(fake.join, 5)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=200)
+    parser.add_argument("--messages", type=int, default=3)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,168 @@
+"""Access to the web chat and viewer: one token (Jupyter's rule), exchanged for a cookie.
+
+- `?token=<token>` on a page, or the login form, sets an HttpOnly, SameSite=Strict cookie
+  (an HMAC of the token, so the token itself never sits in the browser) and redirects to
+  the same page without the token in its URL.
+- Scripts send `Authorization: Bearer <token>`.
+- Everything else gets 401: a login form for pages, JSON for the API.
+- State-changing requests must come from our own origin (Origin / Sec-Fetch-Site), on top
+  of the SameSite cookie; tokens are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode, urlsplit
+
+from aiohttp import web
+
+from .render import login_page
+
+COOKIE = "bub_web"
+COOKIE_MAX_AGE = 30 * 24 * 3600
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    # No Referer leaves for other sites (the login link carries ?token=); not "no-referrer",
+    # which makes browsers send `Origin: null` on our own POSTs.
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+def secure(response: web.StreamResponse, *, cache: str = "no-store") -> web.StreamResponse:
+    """Add the security headers (call before a streamed response is prepared)."""
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    response.headers.setdefault("Cache-Control", cache)
+    return response
+
+
+def same_origin(request: web.Request) -> bool:
+    """Whether a state-changing request comes from one of our own pages.
+
+    Browsers send `Origin` with every cross-origin POST (and `Sec-Fetch-Site`); a request
+    with neither comes from a script, which has no cookie to abuse. Only the host part is
+    compared: behind a TLS-terminating proxy the scheme we see is not the browser's.
+    """
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        if origin == "null":
+            return False
+        try:
+            netloc = urlsplit(origin).netloc
+        except ValueError:
+            return False
+        return netloc.lower() == (request.host or "").lower()
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site in ("same-origin", "none")
+    return True
+
+
+def _safe_next(value: str | None) -> str:
+    """A local path to go back to after logging in (never another site)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
+def _without_token(request: web.Request) -> str:
+    query = [(k, v) for k, v in request.query.items() if k != "token"]
+    return request.path + ("?" + urlencode(query) if query else "")
+
+
+class Access:
+    """Checks requests against the one token the chat and the viewer share."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+        self._cookie = hmac.new(self._token, b"bub-bot web session", hashlib.sha256).hexdigest()
+
+    def token_ok(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self._token)
+
+    def authenticated(self, request: web.Request) -> bool:
+        cookie = request.cookies.get(COOKIE)
+        if cookie and hmac.compare_digest(cookie.encode(), self._cookie.encode()):
+            return True
+        auth = request.headers.get("Authorization", "")
+        return auth.startswith("Bearer ") and self.token_ok(auth[len("Bearer ") :])
+
+    def _logged_in(self, request: web.Request, location: str) -> web.StreamResponse:
+        response = web.Response(status=303, headers={"Location": location})
+        response.set_cookie(
+            COOKIE,
+            self._cookie,
+            max_age=COOKIE_MAX_AGE,
+            path="/",
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+        )
+        return secure(response)
+
+    @staticmethod
+    def unauthorized(request: web.Request, *, api: bool, message: str = "") -> web.Response:
+        if api:
+            response = web.json_response(
+                {"error": "unauthorized", "hint": "send Authorization: Bearer <BUB_WEB_TOKEN>"},
+                status=401,
+            )
+        else:
+            text = message or "This page needs the access token."
+            response = web.Response(
+                text=login_page(text, _without_token(request)),
+                status=401,
+                content_type="text/html",
+            )
+        return secure(response)  # type: ignore[return-value]
+
+    def guard(self, handler: Handler, *, api: bool) -> Handler:
+        """Wrap a route: token/cookie required, same origin for state changes, headers set."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            token = request.query.get("token")
+            if token is not None and not api and request.method == "GET":
+                if self.token_ok(token):
+                    return self._logged_in(request, _without_token(request))
+                return self.unauthorized(request, api=False, message="That token is not valid.")
+            if not self.authenticated(request):
+                return self.unauthorized(request, api=api)
+            if request.method not in ("GET", "HEAD") and not same_origin(request):
+                return secure(web.json_response({"error": "cross-site request"}, status=403))
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                secure(exc)
+                raise
+            if not response.prepared:
+                secure(response)
+            return response
+
+        return guarded
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        """POST /login from the login form."""
+        if not same_origin(request):
+            return secure(web.json_response({"error": "cross-site request"}, status=403))
+        form = await request.post()
+        token = form.get("token")
+        next_path = _safe_next(str(form.get("next") or "/"))
+        if isinstance(token, str) and self.token_ok(token):
+            return self._logged_in(request, next_path)
+        response = web.Response(
+            text=login_page("That token is not valid.", next_path),
+            status=401,
+            content_type="text/html",
+        )
+        return secure(response)

@@ -1,0 +1,140 @@
+"""`WebChannel`: the web chat as a channel like Telegram or Slack, plus the tape viewer.
+
+Conversations are sessions `web:<id>` on the same runtime, tape, commands and agent loop
+as every other channel: a posted message becomes an `Inbound` and is acknowledged only
+after `runtime.receive` stored it; answers come back through `split`/`send`, which wake the
+conversation's open pages so they read the new entries from the tape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from bub_bot.config import Settings
+from channels.base import DeliveryError, RuntimeLike
+
+from .auth import Access, secure
+from .chat import ChatRoutes
+from .hub import Hub
+from .viewer import ViewerRoutes
+
+STATIC_DIR = Path(__file__).parent / "static"
+STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".png": "image/png"}
+
+
+class WebRuntime(RuntimeLike, Protocol):
+    """What the web channel uses beyond the contract: the tape store (history and viewer,
+    read-only) and the agent (its tools, for "context now")."""
+
+    store: Any
+    agent: Any
+
+
+class WebChannel:
+    """The embedded web chat (`/`) and the read-only tape viewer (`/tapes`), one token."""
+
+    name = "web"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        token = settings.web_token
+        # A token made up here (not by `Settings.with_web_token`) is shown in the start line.
+        self.token_generated = token is None or settings.web_token_generated
+        self.token = token or secrets.token_urlsafe(32)
+        self.access = Access(self.token)
+        self.hub = Hub()
+        self.runtime: WebRuntime | None = None
+        self.chat = ChatRoutes(self)
+        self.viewer = ViewerRoutes(self) if settings.web_viewer else None
+        self._static = {
+            p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.suffix in STATIC_TYPES
+        }
+
+    def require_runtime(self) -> WebRuntime:
+        if self.runtime is None:
+            raise web.HTTPServiceUnavailable(
+                text='{"error": "starting"}', content_type="application/json"
+            )
+        return self.runtime
+
+    # -- the channel contract ------------------------------------------------------------------
+    async def start(self, runtime: RuntimeLike) -> None:
+        self.runtime = runtime  # type: ignore[assignment]
+        self.hub.closed = False
+
+    async def stop(self) -> None:
+        self.hub.close()
+
+    def routes(self) -> list[tuple[str, str, Callable[..., Awaitable[Any]]]]:
+        guard = self.access.guard
+        chat = self.chat
+        found: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = [
+            ("GET", "/", guard(chat.page, api=False)),
+            ("POST", "/login", self.access.login),
+            ("GET", "/static/{name}", self.static),
+            ("GET", "/api/conversations", guard(chat.list_conversations, api=True)),
+            ("POST", "/api/conversations", guard(chat.new_conversation, api=True)),
+            ("GET", "/api/conversations/{conversation}/messages", guard(chat.messages, api=True)),
+            (
+                "POST",
+                "/api/conversations/{conversation}/messages",
+                guard(chat.post_message, api=True),
+            ),
+            ("GET", "/api/conversations/{conversation}/events", guard(chat.events, api=True)),
+        ]
+        if self.viewer is not None:
+            viewer = self.viewer
+            found += [
+                ("GET", "/tapes", guard(viewer.tapes, api=False)),
+                ("GET", "/tapes/{tape}", guard(viewer.tape, api=False)),
+                ("GET", "/tapes/{tape}/context", guard(viewer.context, api=False)),
+                ("GET", "/tapes/{tape}/spill/{handle}", guard(viewer.spilled, api=False)),
+            ]
+        return found
+
+    def split(self, text: str) -> list[str]:
+        # The page has no length limit: one answer is one piece.
+        return [text]
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        """The answer is on the tape already: wake the conversation's pages to show it."""
+        conversation = target.get("conversation")
+        if not isinstance(conversation, str) or not conversation:
+            raise DeliveryError("the reply target names no web conversation")
+        self.hub.notify(conversation)
+        return []
+
+    def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.hub.working(str(target.get("conversation", "")))
+
+    def announce(self, base_url: str) -> str:
+        """The line `serve` prints once it listens: where to open the chat."""
+        if self.token_generated:
+            return f"web chat: open {base_url}/?token={self.token}"
+        return f"web chat: open {base_url}/ (log in with BUB_WEB_TOKEN)"
+
+    # -- streaming hook ------------------------------------------------------------------------
+    def show_partial(self, target: dict[str, Any], text: str) -> None:
+        """Show the text of an answer still being written (for a streaming delivery); the
+        final answer replaces it. Never stored: a reload shows the tape, not partials."""
+        from .render import markdown
+
+        conversation = target.get("conversation")
+        if isinstance(conversation, str) and conversation:
+            self.hub.push(conversation, "partial", {"html": markdown(text)})
+
+    # -- static files --------------------------------------------------------------------------
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        """The page's CSS and JS, shipped in the package (public: no conversation data)."""
+        name = request.match_info["name"]
+        body = self._static.get(name)
+        if body is None:
+            return secure(web.json_response({"error": "not found"}, status=404))  # type: ignore[return-value]
+        response = web.Response(body=body, content_type=STATIC_TYPES[Path(name).suffix])
+        return secure(response, cache="no-cache")

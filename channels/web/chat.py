@@ -1,0 +1,280 @@
+"""The chat's HTTP side: the page, the conversation list, posting a message, the event stream.
+
+Event stream (Server-Sent Events, `GET /api/conversations/<id>/events`):
+
+- `sync`     `{cursor, items, truncated}`: the conversation since its last anchor; the page
+             replaces what it shows (first connect, and after a /reset cleared the tape).
+- `entries`  `{cursor, items}`: new items after the page's cursor (the SSE id is the cursor,
+             so a reconnecting browser sends it back as Last-Event-ID and misses nothing).
+- `working`  `{working}`: a turn is running in this conversation (the working indicator).
+- `partial`  `{html}`: text of an answer still being written (sent only by a streaming
+             delivery; the final `entries` item replaces it).
+
+Items are `{id, date, kind: user|bot|notice|anchor, html, client_id?}`; `html` is rendered
+on the server (Markdown without raw HTML), so the page never turns model text into markup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from bub_bot.config import MODEL_MISSING
+from bub_bot.tape import Tape, tape_name
+from channels.base import Inbound, Sender
+
+from .auth import secure
+from .history import Cursor, snapshot, tail
+from .render import attrs, page
+
+if TYPE_CHECKING:
+    from .channel import WebChannel
+
+log = logging.getLogger("channels.web")
+
+CONVERSATION_RE = re.compile(r"^[A-Za-z0-9_-]{6,64}$")
+CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+MAX_TEXT = 100_000
+KEEPALIVE_SECONDS = 15.0
+LIST_LIMIT = 100
+COMMANDS_HINT = "Commands: /handoff [summary], /reset, /status, /anchors, /help"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class ChatRoutes:
+    """Handlers of the chat page and its JSON/SSE API."""
+
+    def __init__(self, channel: WebChannel) -> None:
+        self.channel = channel
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _tape(self, conversation: str) -> Tape:
+        runtime = self.channel.require_runtime()
+        return Tape.for_session(
+            runtime.store, f"web:{conversation}", self.channel.settings.workspace
+        )
+
+    @staticmethod
+    def _conversation(request: web.Request) -> str | None:
+        conversation = request.match_info["conversation"]
+        return conversation if CONVERSATION_RE.match(conversation) else None
+
+    # -- page ------------------------------------------------------------------------------------
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        settings = self.channel.settings
+        banner = ""
+        if not settings.model_configured:
+            banner = (
+                f'<div class="banner" id="model-missing" role="alert">{escape(MODEL_MISSING)}</div>'
+            )
+        viewer = (
+            '<a class="viewer-link" href="/tapes">Tape viewer</a>' if settings.web_viewer else ""
+        )
+        body = (
+            '<div class="app"><aside class="sidebar">'
+            '<button type="button" id="new-conversation">New conversation</button>'
+            '<nav id="conversations" aria-label="Conversations"></nav>'
+            f"{viewer}</aside>"
+            f'<main class="chat">{banner}'
+            '<div id="status" class="status" hidden></div>'
+            '<div id="messages" class="messages" aria-live="polite"></div>'
+            '<div id="working" class="working" hidden>bub is working…</div>'
+            '<form id="composer" class="composer" autocomplete="off">'
+            '<textarea id="text" name="text" rows="2" placeholder="Message bub (Enter sends,'
+            ' Shift+Enter for a new line)" required></textarea>'
+            '<button type="submit" id="send">Send</button></form>'
+            f'<p class="hint">{escape(COMMANDS_HINT)}</p></main></div>'
+        )
+        model = "ok" if settings.model_configured else "missing"
+        html = page("bub-bot", body, body_attrs=attrs(data_model=model), scripts=("chat.js",))
+        return web.Response(text=html, content_type="text/html")
+
+    # -- conversations -----------------------------------------------------------------------
+    async def list_conversations(self, request: web.Request) -> web.StreamResponse:
+        """Web conversations, most recently active first, with a title from the first message."""
+        runtime = self.channel.require_runtime()
+        store = runtime.store
+        workspace = self.channel.settings.workspace
+        rows = []
+        for row in await store.list_tapes():
+            session = row.session_id or ""
+            if not session.startswith("web:") or row.name != tape_name(session, workspace):
+                continue
+            rows.append(row)
+            if len(rows) >= LIST_LIMIT:
+                break
+        found = []
+        for row in rows:
+            first = await store.query(row.name, kinds=["message"], names=["user"], limit=1)
+            title = ""
+            if first:
+                content = first[0].payload.get("content")
+                title = content if isinstance(content, str) else "(image)"
+            found.append(
+                {
+                    "id": row.session_id[len("web:") :],
+                    "title": " ".join(title.split())[:80] or "(no messages since /reset)",
+                    "updated": row.updated,
+                    "entries": row.entries,
+                }
+            )
+        return web.json_response(
+            {"conversations": found, "model_configured": self.channel.settings.model_configured}
+        )
+
+    async def new_conversation(self, request: web.Request) -> web.StreamResponse:
+        """A fresh conversation id (its tape starts with the first message)."""
+        return web.json_response({"id": secrets.token_urlsafe(12)}, status=201)
+
+    # -- messages ----------------------------------------------------------------------------
+    async def post_message(self, request: web.Request) -> web.StreamResponse:
+        """Store a message (or command) durably, then acknowledge; the answer comes as an event.
+
+        The same `client_id` twice (a retried request) is stored and answered once."""
+        conversation = self._conversation(request)
+        if conversation is None:
+            return _error(404, "no such conversation")
+        if request.content_type != "application/json":
+            return _error(415, 'send JSON: {"text": ..., "client_id": ...}')
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
+        text, client_id = body.get("text"), body.get("client_id")
+        if not isinstance(text, str) or not text.strip():
+            return _error(400, "text is missing or empty")
+        if len(text) > MAX_TEXT:
+            return _error(413, f"text is longer than {MAX_TEXT} characters")
+        if not isinstance(client_id, str) or not CLIENT_ID_RE.match(client_id):
+            return _error(400, "client_id must be 8-64 characters of A-Za-z0-9_-")
+        runtime = self.channel.require_runtime()
+        inbound = Inbound(
+            channel=self.channel.name,
+            session_id=f"web:{conversation}",
+            delivery_key=f"{conversation}:{client_id}",
+            message_id=client_id,
+            sender=Sender(id="web", name="web user"),
+            text=text,
+            reply_target={"conversation": conversation},
+        )
+        try:
+            received = await runtime.receive(inbound)
+        except Exception as exc:
+            log.error("web.receive failed session=web:%s: %s", conversation, exc)
+            return _error(503, "the message could not be stored; please send it again")
+        self.channel.hub.notify(conversation)
+        return web.json_response(
+            {"stored": True, "duplicate": received.duplicate, "entry_id": received.entry_id},
+            status=202 if received.new else 200,
+        )
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """JSON: the conversation since its last anchor, or what came after `?after=<cursor>`."""
+        conversation = self._conversation(request)
+        if conversation is None:
+            return _error(404, "no such conversation")
+        store = self.channel.require_runtime().store
+        name = self._tape(conversation).name
+        cursor = Cursor.parse(request.query.get("after"))
+        if cursor is None:
+            snap = await snapshot(store, name)
+            reset, items, cursor, truncated = False, snap.items, snap.cursor, snap.truncated
+        else:
+            cursor, items, fresh = await tail(store, name, cursor)
+            reset, truncated = fresh is not None, bool(fresh and fresh.truncated)
+        return web.json_response(
+            {
+                "cursor": str(cursor),
+                "reset": reset,
+                "items": items,
+                "truncated": truncated,
+                "working": self.channel.hub.busy(conversation),
+            }
+        )
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """The conversation as Server-Sent Events (see the module docstring)."""
+        conversation = self._conversation(request)
+        if conversation is None:
+            return _error(404, "no such conversation")
+        store = self.channel.require_runtime().store
+        name = self._tape(conversation).name
+        hub = self.channel.hub
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+            }
+        )
+        secure(response)
+        await response.prepare(request)
+        cursor = Cursor.parse(request.headers.get("Last-Event-ID") or request.query.get("after"))
+        try:
+            await response.write(b"retry: 2000\n\n")
+            with hub.subscribe(conversation) as sub:
+                if cursor is None:
+                    snap = await snapshot(store, name)
+                    cursor = snap.cursor
+                    await response.write(_sync(snap))
+                else:
+                    cursor = await self._send_new(response, store, name, cursor)
+                working = hub.busy(conversation)
+                await response.write(_sse("working", {"working": working}))
+                while not hub.closed:
+                    idle = False
+                    try:
+                        await asyncio.wait_for(sub.wake.wait(), KEEPALIVE_SECONDS)
+                    except TimeoutError:
+                        # Keeps proxies from closing an idle stream, finds a gone client, and
+                        # picks up writes this process was not told about.
+                        idle = True
+                        await response.write(b": keepalive\n\n")
+                    sub.wake.clear()
+                    if hub.closed:
+                        break
+                    for event, data in sub.drain():
+                        await response.write(_sse(event, data))
+                    if sub.changed or idle:
+                        sub.changed = False
+                        cursor = await self._send_new(response, store, name, cursor)
+                    now = hub.busy(conversation)
+                    if now != working:
+                        working = now
+                        await response.write(_sse("working", {"working": working}))
+        except (ConnectionResetError, ConnectionError):
+            pass  # the page went away
+        return response
+
+    async def _send_new(
+        self, response: web.StreamResponse, store: Any, name: str, cursor: Cursor
+    ) -> Cursor:
+        new_cursor, items, fresh = await tail(store, name, cursor)
+        if fresh is not None:
+            await response.write(_sync(fresh))
+        elif items or new_cursor != cursor:
+            await response.write(
+                _sse("entries", {"cursor": str(new_cursor), "items": items}, str(new_cursor))
+            )
+        return new_cursor
+
+
+def _sync(snap: Any) -> bytes:
+    data = {"cursor": str(snap.cursor), "items": snap.items, "truncated": snap.truncated}
+    return _sse("sync", data, str(snap.cursor))

@@ -1,0 +1,247 @@
+// The chat page: no framework, no build step. Messages and answers arrive as server-rendered
+// HTML (Markdown with raw HTML disabled) over Server-Sent Events; see channels/web/chat.py.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const messages = $("messages");
+  const working = $("working");
+  const statusLine = $("status");
+  const form = $("composer");
+  const input = $("text");
+  const list = $("conversations");
+  const ID_RE = /^[A-Za-z0-9_-]{6,64}$/;
+
+  let conversation = null;
+  let source = null;
+  let partial = null;
+  const shown = new Map(); // tape entry id -> element
+  const pending = new Map(); // client message id -> bubble not yet on the tape
+
+  function randomId() {
+    const bytes = new Uint8Array(12);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  async function api(path, options = {}) {
+    const headers = { Accept: "application/json" };
+    if (options.body !== undefined) headers["Content-Type"] = "application/json";
+    const res = await fetch(path, { credentials: "same-origin", ...options, headers });
+    if (res.status === 401) {
+      location.reload(); // shows the login form
+      throw new Error("not logged in");
+    }
+    return res;
+  }
+
+  function setStatus(text) {
+    statusLine.textContent = text;
+    statusLine.hidden = !text;
+  }
+
+  function scrollDown() {
+    messages.scrollTop = messages.scrollHeight;
+  }
+
+  function removePartial() {
+    if (partial) partial.remove();
+    partial = null;
+  }
+
+  function itemElement(item) {
+    const el = document.createElement("div");
+    el.className = `item ${item.kind}`;
+    el.dataset.id = String(item.id);
+    // Rendered by the server from Markdown with raw HTML disabled; the page's CSP forbids
+    // inline scripts and event handlers as a second line of defence.
+    el.innerHTML = item.html;
+    return el;
+  }
+
+  function addItem(item) {
+    if (shown.has(item.id)) return;
+    const el = itemElement(item);
+    const bubble = item.client_id ? pending.get(item.client_id) : undefined;
+    if (bubble) {
+      bubble.replaceWith(el);
+      pending.delete(item.client_id);
+    } else {
+      messages.appendChild(el);
+    }
+    shown.set(item.id, el);
+    if (item.kind !== "user") removePartial();
+  }
+
+  function replaceAll(items, truncated) {
+    messages.textContent = "";
+    shown.clear();
+    removePartial();
+    if (truncated) {
+      const note = document.createElement("div");
+      note.className = "item notice";
+      note.textContent = "Older messages of this phase are in the tape viewer.";
+      messages.appendChild(note);
+    }
+    items.forEach(addItem);
+    for (const bubble of pending.values()) messages.appendChild(bubble);
+    scrollDown();
+  }
+
+  function showPartial(html) {
+    if (!partial) {
+      partial = document.createElement("div");
+      partial.className = "item bot partial";
+      messages.appendChild(partial);
+    }
+    partial.innerHTML = html; // server-rendered, as above
+    scrollDown();
+  }
+
+  function connect() {
+    if (source) source.close();
+    messages.textContent = "";
+    shown.clear();
+    pending.clear();
+    working.hidden = true;
+    source = new EventSource(`/api/conversations/${conversation}/events`);
+    source.addEventListener("sync", (e) => {
+      const data = JSON.parse(e.data);
+      replaceAll(data.items, data.truncated);
+    });
+    source.addEventListener("entries", (e) => {
+      const data = JSON.parse(e.data);
+      data.items.forEach(addItem);
+      if (data.items.length) {
+        scrollDown();
+        refreshList();
+      }
+    });
+    source.addEventListener("working", (e) => {
+      working.hidden = !JSON.parse(e.data).working;
+      if (working.hidden) removePartial();
+    });
+    source.addEventListener("partial", (e) => showPartial(JSON.parse(e.data).html));
+    source.onopen = () => setStatus("");
+    source.onerror = () => {
+      if (source.readyState === EventSource.CLOSED) {
+        setStatus("Disconnected. Reload the page (you may need to log in again).");
+      } else {
+        setStatus("Reconnecting…");
+      }
+    };
+  }
+
+  function pendingBubble(text, clientId) {
+    const bubble = document.createElement("div");
+    bubble.className = "item user pending";
+    const body = document.createElement("div");
+    body.className = "plain";
+    body.textContent = text;
+    bubble.appendChild(body);
+    pending.set(clientId, bubble);
+    messages.appendChild(bubble);
+    scrollDown();
+    return bubble;
+  }
+
+  async function send(text, clientId, bubble) {
+    bubble.classList.remove("failed");
+    bubble.querySelector("button.retry")?.remove();
+    try {
+      const res = await api(`/api/conversations/${conversation}/messages`, {
+        method: "POST",
+        body: JSON.stringify({ text, client_id: clientId }),
+      });
+      if (!res.ok) {
+        const data = await res.json().catch(() => ({}));
+        throw new Error(data.error || res.statusText);
+      }
+      bubble.classList.remove("pending");
+    } catch (err) {
+      bubble.classList.add("failed");
+      const retry = document.createElement("button");
+      retry.type = "button";
+      retry.className = "retry";
+      retry.textContent = `Not sent (${err.message}). Retry`;
+      // The same client id: if the first try did reach the server, it is not stored twice.
+      retry.addEventListener("click", () => send(text, clientId, bubble));
+      bubble.appendChild(retry);
+    }
+  }
+
+  async function refreshList() {
+    const res = await api("/api/conversations");
+    const data = await res.json();
+    list.textContent = "";
+    let listed = false;
+    for (const c of data.conversations) {
+      const link = document.createElement("a");
+      link.href = `#${c.id}`;
+      link.textContent = c.title;
+      link.title = `last activity ${c.updated.slice(0, 19).replace("T", " ")} UTC`;
+      if (c.id === conversation) {
+        link.className = "current";
+        listed = true;
+      }
+      list.appendChild(link);
+    }
+    if (conversation && !listed) {
+      const link = document.createElement("a");
+      link.href = `#${conversation}`;
+      link.className = "current";
+      link.textContent = "New conversation";
+      list.prepend(link);
+    }
+    return data;
+  }
+
+  function open(id) {
+    conversation = id;
+    if (location.hash !== `#${id}`) history.replaceState(null, "", `#${id}`);
+    connect();
+    refreshList();
+    input.focus();
+  }
+
+  async function newConversation() {
+    const res = await api("/api/conversations", { method: "POST", body: "{}" });
+    return (await res.json()).id;
+  }
+
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const text = input.value;
+    if (!text.trim() || !conversation) return;
+    input.value = "";
+    const clientId = randomId();
+    send(text, clientId, pendingBubble(text, clientId));
+  });
+
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      form.requestSubmit();
+    }
+  });
+
+  $("new-conversation").addEventListener("click", async () => {
+    location.hash = await newConversation();
+  });
+
+  window.addEventListener("hashchange", () => {
+    const id = location.hash.slice(1);
+    if (ID_RE.test(id) && id !== conversation) open(id);
+  });
+
+  async function init() {
+    let id = location.hash.slice(1);
+    if (!ID_RE.test(id)) {
+      const data = await refreshList();
+      id = data.conversations.length ? data.conversations[0].id : await newConversation();
+    }
+    open(id);
+  }
+
+  init();
+})();

@@ -1,0 +1,486 @@
+"""The web chat and the tape viewer over real HTTP: `BotServer` in-process on loopback, the
+web channel on the real runtime, store and agent, the fake model behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bub_bot.agent.prompt import build_system_prompt
+from bub_bot.config import MODEL_MISSING, ConfigError, Settings, load_settings
+from bub_bot.server import Bot, BotServer
+from bub_bot.tape import Tape
+from channels.web import WebChannel
+from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
+from tests.web_client import WebChat, has_item, items
+
+TOKEN = "web-test-token-0123456789"
+
+
+@dataclass
+class Web:
+    """A started bot with the web channel, and a client for it."""
+
+    server: BotServer
+    bot: Bot
+    channel: WebChannel
+    http: aiohttp.ClientSession
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def chat(self) -> WebChat:
+        return WebChat(self.http, self.url, TOKEN)
+
+    def tape(self, conversation: str) -> Tape:
+        return Tape.for_session(self.bot.store, f"web:{conversation}", self.bot.settings.workspace)
+
+    async def idle(self, conversation: str) -> None:
+        await self.bot.runtime.wait_idle(f"web:{conversation}", timeout=15)
+
+
+@pytest.fixture
+async def web(settings: Callable[..., Settings]) -> AsyncIterator[Callable[..., Awaitable[Web]]]:
+    """`await web(**settings_overrides)`: a started server with the web channel only."""
+    started: list[Web] = []
+    # unsafe=True: keep cookies for 127.0.0.1 (aiohttp drops cookies of IP hosts by default).
+    http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+    async def start(**overrides: Any) -> Web:
+        conf = settings(**{"web_token": TOKEN, **overrides})
+        channel = WebChannel(conf)
+        bot = await Bot.open(conf, [channel])
+        server = BotServer(bot, host="127.0.0.1", port=0)
+        await server.start()
+        made = Web(server, bot, channel, http)
+        started.append(made)
+        return made
+
+    yield start
+    for made in started:
+        await made.server.stop()
+    await http.close()
+
+
+async def status_of(
+    http: aiohttp.ClientSession, method: str, url: str, **kw: Any
+) -> tuple[int, str, dict]:
+    async with http.request(method, url, allow_redirects=False, **kw) as resp:
+        return resp.status, await resp.text(), dict(resp.headers)
+
+
+# -- access ------------------------------------------------------------------------------------
+PAGES = ["/", "/tapes", "/tapes/abc__def", "/tapes/abc__def/context", "/tapes/abc__def/spill/sp_1"]
+API = [
+    ("GET", "/api/conversations"),
+    ("POST", "/api/conversations"),
+    ("GET", "/api/conversations/abcdefgh/messages"),
+    ("POST", "/api/conversations/abcdefgh/messages"),
+    ("GET", "/api/conversations/abcdefgh/events"),
+]
+
+
+async def test_every_page_and_api_answers_401_without_the_token(web) -> None:
+    w = await web()
+    async with aiohttp.ClientSession() as anon:
+        for path in PAGES:
+            status, body, headers = await status_of(anon, "GET", w.url + path)
+            assert status == 401, path
+            assert 'action="/login"' in body and "BUB_WEB_TOKEN" in body  # the login form
+            assert "script-src 'self'" in headers["Content-Security-Policy"]
+            status, body, _ = await status_of(anon, "GET", f"{w.url}{path}?token=wrong-token")
+            assert status == 401 and "not valid" in body, path
+        for method, path in API:
+            status, body, _ = await status_of(
+                anon, method, w.url + path, json={"text": "hi", "client_id": "abcdefgh12"}
+            )
+            assert status == 401 and json.loads(body)["error"] == "unauthorized", path
+            status, _, _ = await status_of(
+                anon, method, w.url + path, headers={"Authorization": "Bearer wrong"}
+            )
+            assert status == 401, path
+        # health checks and the page's static files stay open; nothing was stored
+        assert (await status_of(anon, "GET", w.url + "/healthz"))[0] == 200
+        assert (await status_of(anon, "GET", w.url + "/static/chat.js"))[0] == 200
+    assert await w.bot.store.list_tapes(include_all=True) == []
+
+
+async def test_the_token_link_sets_a_strict_cookie_and_leaves_the_url(web) -> None:
+    w = await web()
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        status, _, headers = await status_of(browser, "GET", f"{w.url}/tapes?token={TOKEN}&page=1")
+        assert status == 303
+        assert headers["Location"] == "/tapes?page=1"  # the token is gone from the URL
+        cookie = headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert TOKEN not in cookie  # the cookie is derived from the token, not the token
+        assert headers["Referrer-Policy"] == "same-origin"
+        status, body, headers = await status_of(browser, "GET", w.url + "/")
+        assert status == 200 and 'src="/static/chat.js"' in body
+        assert "<script>" not in body  # no inline script anywhere
+        assert headers["Content-Security-Policy"].startswith("default-src 'none'")
+        # the login form works too, and a wrong token there is 401
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as other:
+            status, _, _ = await status_of(
+                other, "POST", w.url + "/login", data={"token": "nope", "next": "/"}
+            )
+            assert status == 401
+            status, _, headers = await status_of(
+                other, "POST", w.url + "/login", data={"token": TOKEN, "next": "//evil.example/"}
+            )
+            assert status == 303 and headers["Location"] == "/"
+            assert (await status_of(other, "GET", w.url + "/api/conversations"))[0] == 200
+
+
+async def test_cross_site_posts_are_refused_and_store_nothing(web) -> None:
+    w = await web()
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        await status_of(browser, "GET", f"{w.url}/?token={TOKEN}")
+        body = {"text": "transfer everything", "client_id": "crosssite1"}
+        url = w.url + "/api/conversations/abcdefgh/messages"
+        for origin in ("http://evil.example", "null", "http://127.0.0.1:1"):
+            status, _, _ = await status_of(
+                browser, "POST", url, json=body, headers={"Origin": origin}
+            )
+            assert status == 403, origin
+        status, _, _ = await status_of(
+            browser, "POST", url, json=body, headers={"Sec-Fetch-Site": "cross-site"}
+        )
+        assert status == 403
+        # a form post (what a cross-site page can send without CORS) is not accepted either
+        status, _, _ = await status_of(
+            browser, "POST", url, data={"text": "x", "client_id": "y" * 9}
+        )
+        assert status == 415
+        status, _, _ = await status_of(
+            browser,
+            "POST",
+            w.url + "/login",
+            data={"token": TOKEN},
+            headers={"Origin": "http://evil.example"},
+        )
+        assert status == 403
+        # the same request from our own page goes through
+        status, _, _ = await status_of(browser, "POST", url, json=body, headers={"Origin": w.url})
+        assert status == 202
+    await w.idle("abcdefgh")
+    assert len(await w.tape("abcdefgh").query(kinds=["message"], names=["user"])) == 1
+
+
+# -- chat --------------------------------------------------------------------------------------
+async def test_a_retried_message_is_stored_and_answered_once(web, fake_openai: FakeOpenAI) -> None:
+    w = await web()
+    chat = w.chat
+    conversation = await chat.new_conversation()
+    fake_openai.script(slow(text("the one answer"), 0.3))
+    first = await chat.post(conversation, "hello", client_id="client-msg-1")
+    again = await chat.post(conversation, "hello", client_id="client-msg-1")
+    assert first == (202, {"stored": True, "duplicate": False, "entry_id": first[1]["entry_id"]})
+    assert again[0] == 200 and again[1]["duplicate"] is True
+    await w.idle(conversation)
+    tape = w.tape(conversation)
+    assert len(await tape.query(kinds=["message"], names=["user"])) == 1
+    assert len(fake_openai.completion_requests()) == 1
+    answers = [e for e in await tape.query(kinds=["message"], names=["assistant"])]
+    assert [a.payload["content"] for a in answers] == ["the one answer"]
+
+
+async def test_the_event_stream_shows_the_answer_working_and_resumes(web, fake_openai) -> None:
+    w = await web()
+    chat = w.chat
+    conversation = await chat.new_conversation()
+    stream = await chat.events(conversation)
+    try:
+        first = await stream.next()
+        assert first.event == "sync" and first.data["items"] == []
+        fake_openai.script(slow(text("**bold** answer"), 0.3))
+        await chat.post(conversation, "question one", client_id="question-1")
+        await stream.until(lambda e: e.event == "working" and e.data["working"])
+        answer = await stream.until(has_item("bot"))
+        [bot] = [i for i in answer.data["items"] if i["kind"] == "bot"]
+        assert bot["html"] == "<p><strong>bold</strong> answer</p>\n"
+        await stream.until(lambda e: e.event == "working" and not e.data["working"])
+        [user] = items(stream.seen, "user")
+        assert user["client_id"] == "question-1" and "question one" in user["html"]
+        last_id = stream.last_id
+    finally:
+        await stream.close()
+
+    # Reconnecting with Last-Event-ID: only what came after, nothing twice.
+    fake_openai.script(text("second answer"))
+    await chat.post(conversation, "question two", client_id="question-2")
+    await w.idle(conversation)
+    stream = await chat.events(conversation, last_id=last_id)
+    try:
+        update = await stream.until(has_item("bot"))
+        assert update.event == "entries"
+        assert [i["client_id"] for i in items([update], "user")] == ["question-2"]
+        assert "second answer" in items([update], "bot")[0]["html"]
+        # /reset clears the tape (ids restart): the stream sends a fresh `sync`
+        await chat.post(conversation, "/reset", client_id="reset-cmd-1")
+        synced = await stream.until(lambda e: e.event == "sync")
+        kinds = [i["kind"] for i in synced.data["items"]]
+        assert kinds[0] == "anchor" and "archived" in synced.data["items"][0]["html"]
+        if not any("fresh conversation" in i["html"] for i in items([synced], "bot")):
+            await stream.until(
+                lambda e: any("fresh conversation" in i["html"] for i in items([e], "bot"))
+            )
+    finally:
+        await stream.close()
+
+    # A page loading now sees the conversation since the last anchor (JSON snapshot).
+    await w.idle(conversation)
+    status, snap = await chat.get_json(f"/api/conversations/{conversation}/messages")
+    assert status == 200 and snap["working"] is False
+    assert [i["kind"] for i in snap["items"]][:1] == ["anchor"]
+    assert not any("question one" in i["html"] for i in snap["items"])
+
+
+async def test_commands_work_from_the_web(web, fake_openai) -> None:
+    w = await web()
+    chat = w.chat
+    conversation = await chat.new_conversation()
+    fake_openai.script(text("hi there"), text("We greeted each other."))
+    await chat.post(conversation, "hello")
+    await w.idle(conversation)
+    await chat.post(conversation, "/handoff")
+    await w.idle(conversation)
+    await chat.post(conversation, "/status")
+    await w.idle(conversation)
+    _, snap = await chat.get_json(f"/api/conversations/{conversation}/messages")
+    kinds = [i["kind"] for i in snap["items"]]
+    assert kinds[0] == "anchor" and "We greeted each other." in snap["items"][0]["html"]
+    assert any("Entries:" in i["html"] for i in snap["items"] if i["kind"] == "bot")
+
+
+async def test_model_output_is_escaped_not_rendered(web, fake_openai) -> None:
+    w = await web()
+    chat = w.chat
+    conversation = await chat.new_conversation()
+    evil = (
+        '<script>window.pwned = 1</script>\n\n<img src=x onerror="window.pwned = 2">\n\n'
+        "[click](javascript:alert(1)) and ![pixel](http://tracker.example/p.png)"
+    )
+    fake_openai.script(text(evil))
+    await chat.post(conversation, "<b>user html</b>")
+    await w.idle(conversation)
+    _, snap = await chat.get_json(f"/api/conversations/{conversation}/messages")
+    [bot] = [i for i in snap["items"] if i["kind"] == "bot"]
+    html = bot["html"]
+    assert "<script" not in html and "<img" not in html
+    assert "&lt;script&gt;" in html and "&lt;img src=x onerror=" in html
+    assert 'href="javascript:' not in html
+    assert '<a href="http://tracker.example/p.png"' in html  # an image becomes a link
+    [user] = [i for i in snap["items"] if i["kind"] == "user"]
+    assert "&lt;b&gt;user html&lt;/b&gt;" in user["html"]
+
+
+async def test_bad_requests_get_clear_errors_and_store_nothing(web, fake_openai) -> None:
+    w = await web()
+    http = w.http
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    url = w.url + "/api/conversations/abcdefgh/messages"
+    cases = [
+        ({"json": {"text": "", "client_id": "abcdefgh1"}}, 400, "empty"),
+        ({"json": {"text": "hi", "client_id": "bad id!"}}, 400, "client_id"),
+        ({"json": {"text": 5, "client_id": "abcdefgh1"}}, 400, "text"),
+        ({"json": ["not", "an", "object"]}, 400, "object"),
+        ({"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "JSON"),
+        ({"json": {"text": "x" * 100_001, "client_id": "abcdefgh1"}}, 413, "longer"),
+    ]
+    for kwargs, status, word in cases:
+        kwargs["headers"] = {**headers, **kwargs.get("headers", {})}
+        got, body, _ = await status_of(http, "POST", url, **kwargs)
+        assert got == status and word in json.loads(body)["error"], (kwargs, got, body)
+    got, _, _ = await status_of(
+        http, "GET", w.url + "/api/conversations/bad!id/events", headers=headers
+    )
+    assert got == 404
+    for path, status in [
+        ("/tapes/no_such_tape?format=json", 404),
+        ("/tapes/..%2Fetc?format=json", 404),
+        ("/tapes?page=zero&format=json", 400),
+    ]:
+        got, _, _ = await status_of(http, "GET", w.url + path, headers=headers)
+        assert got == status, path
+    assert await w.bot.store.list_tapes(include_all=True) == []
+    assert fake_openai.completion_requests() == []
+
+
+async def test_without_a_model_the_page_and_the_answer_say_what_to_set(
+    web, fake_openai: FakeOpenAI
+) -> None:
+    w = await web(openai_api_key=None, openai_base_url=None, require_model=False)
+    async with w.http.get(w.url + "/", headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+        page = await resp.text()
+    for words in ("OPENAI_API_KEY", "OPENAI_BASE_URL", ".env.example", "Ollama"):
+        assert words in page
+    conversation = await w.chat.new_conversation()
+    await w.chat.post(conversation, "hello?")
+    await w.idle(conversation)
+    _, snap = await w.chat.get_json(f"/api/conversations/{conversation}/messages")
+    [notice] = [i for i in snap["items"] if i["kind"] == "notice"]
+    assert "OPENAI_API_KEY" in notice["html"] and ".env" in notice["html"]
+    notices = await w.tape(conversation).query(kinds=["event"], names=["turn.notice"])
+    assert notices[0].payload["data"]["text"] == MODEL_MISSING
+    assert fake_openai.requests == []  # no model call, not even to the fake
+
+
+async def test_partial_text_reaches_the_page_and_is_never_stored(web) -> None:
+    w = await web()
+    conversation = await w.chat.new_conversation()
+    stream = await w.chat.events(conversation)
+    try:
+        await stream.until(lambda e: e.event == "working")
+        w.channel.show_partial({"conversation": conversation}, "Thinking about *it*")
+        event = await stream.until(lambda e: e.event == "partial")
+        assert event.data == {"html": "<p>Thinking about <em>it</em></p>\n"}
+    finally:
+        await stream.close()
+    assert await w.tape(conversation).query() == []
+
+
+async def test_stop_ends_open_event_streams(web) -> None:
+    w = await web()
+    conversation = await w.chat.new_conversation()
+    stream = await w.chat.events(conversation)
+    await stream.until(lambda e: e.event == "working")
+    stop = asyncio.ensure_future(w.server.stop())
+    with pytest.raises((EOFError, aiohttp.ClientError)):
+        await stream.next(timeout=5)
+    await asyncio.wait_for(stop, 10)  # not held up by the stream
+    await stream.close()
+
+
+# -- viewer ------------------------------------------------------------------------------------
+async def _viewer_conversation(w: Web, fake_openai: FakeOpenAI) -> str:
+    """A web conversation with a spilled tool output, a /handoff, then a message after it."""
+    conversation = await w.chat.new_conversation()
+    fake_openai.script(
+        tool_calls([("tape_info", {})]),
+        text("spilled and answered"),
+        text("Summary: we looked at the tape."),
+        text("after the handoff"),
+    )
+    for message in ("look at the tape", "/handoff", "what now?"):
+        await w.chat.post(conversation, message)
+        await w.idle(conversation)
+    return conversation
+
+
+async def test_viewer_lists_pages_and_filters_tapes(web, fake_openai) -> None:
+    w = await web(spill_threshold=10)
+    conversation = await _viewer_conversation(w, fake_openai)
+    session = f"web:{conversation}"
+    chat = w.chat
+    _, listing = await chat.get_json("/tapes")
+    [row] = listing["tapes"]
+    assert row["session_id"] == session and row["channel"] == "web"
+    assert row["anchors"] == 2 and row["entries"] > 10
+    assert (await chat.get_json("/tapes?channel=slack"))[1]["tapes"] == []
+    assert (await chat.get_json(f"/tapes?q={conversation[:5].upper()}"))[1]["total"] == 1
+    assert (await chat.get_json("/tapes?q=nobody"))[1]["total"] == 0
+
+    name = row["name"]
+    _, view = await chat.get_json(f"/tapes/{name}")
+    stats = view["stats"]
+    assert [e["id"] for e in view["entries"]] == list(
+        range(stats["last_anchor_id"] + 1, stats["entries"] + 1)
+    )
+    assert [a["name"] for a in view["anchors"]] == ["session/start", "handoff"]
+    assert view["anchors"][1]["state"]["summary"] == "Summary: we looked at the tape."
+    [spilled] = view["spills"]
+    assert spilled["tool"] == "tape_info"
+
+    # "all", paginated newest first, older pages by cursor; filter by kind
+    _, page1 = await chat.get_json(f"/tapes/{name}?view=all&per=5")
+    assert [e["id"] for e in page1["entries"]] == list(
+        range(stats["entries"] - 4, stats["entries"] + 1)
+    )
+    _, page2 = await chat.get_json(page1["older"])
+    assert page2["entries"][-1]["id"] == page1["entries"][0]["id"] - 1
+    _, anchors_only = await chat.get_json(f"/tapes/{name}?view=all&kind=anchor")
+    assert {e["kind"] for e in anchors_only["entries"]} == {"anchor"}
+    assert (await chat.get_json(f"/tapes/{name}?kind=nonsense"))[0] == 400
+
+    # the spilled output, page by page
+    _, out = await chat.get_json(f"/tapes/{name}/spill/{spilled['handle']}")
+    assert out["page"] == 0 and out["pages"] >= 1 and out["content"]
+    assert (await chat.get_json(f"/tapes/{name}/spill/sp_unknown"))[0] == 404
+
+    # HTML: context=False marked, tool calls with arguments and results, safe rendering
+    async with w.http.get(f"{w.url}/tapes/{name}?view=all", headers=chat.headers) as resp:
+        html = await resp.text()
+    assert resp.status == 200
+    assert "not in context" in html and "tape_info" in html and "Spilled outputs" in html
+
+    # after /reset the archive is listed with the session and viewable
+    await chat.post(conversation, "/reset")
+    await w.idle(conversation)
+    _, view = await chat.get_json(f"/tapes/{name}")
+    [archive] = view["archives"]
+    _, archived = await chat.get_json(f"/tapes/{archive['name']}?view=all")
+    assert archived["role"] == "archive" and archived["stats"]["anchors"] == 2
+    _, archived_spill = await chat.get_json(f"/tapes/{archive['name']}/spill/{spilled['handle']}")
+    assert archived_spill["content"] == out["content"]
+
+
+async def test_context_now_is_what_the_next_model_call_gets(web, fake_openai) -> None:
+    w = await web(spill_threshold=10)
+    conversation = await _viewer_conversation(w, fake_openai)
+    name = w.tape(conversation).name
+    _, ctx = await w.chat.get_json(f"/tapes/{name}/context")
+    assert ctx["estimated_tokens"]["messages"] > 0 and "tape_info" in ctx["tools"]
+    fake_openai.script(text("ok"))
+    await w.chat.post(conversation, "one more")
+    await w.idle(conversation)
+    sent = fake_openai.last_messages()
+    assert sent[:-1] == ctx["messages"]  # the same list, plus the new message
+    assert sent[-1] == {"role": "user", "content": "one more"}
+    assert ctx["messages"][0]["content"] == build_system_prompt(
+        None, w.bot.settings.workspace, w.bot.agent.tools.visible()
+    )
+    async with w.http.get(f"{w.url}/tapes/{name}/context", headers=w.chat.headers) as resp:
+        assert "Context now" in await resp.text()
+
+
+async def test_the_viewer_can_be_turned_off(web) -> None:
+    w = await web(web_viewer=False)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with w.http.get(w.url + "/tapes", headers=headers) as resp:
+        assert resp.status == 404
+    async with w.http.get(w.url + "/", headers=headers) as resp:
+        assert resp.status == 200 and 'href="/tapes"' not in await resp.text()
+
+
+def test_metrics_and_server_import_one_way() -> None:
+    """server imports metrics; metrics never imports server (no cycle)."""
+    from pathlib import Path
+
+    source = (Path(__file__).parents[1] / "bub_bot" / "metrics.py").read_text()
+    assert not re.search(r"^\s*from \.server import|^\s*import bub_bot\.server", source, re.M)
+
+
+def test_serve_needs_a_model_unless_the_web_chat_is_the_only_channel(tmp_path) -> None:
+    base = {"_env_file": None, "home": tmp_path, "openai_api_key": None, "openai_base_url": None}
+    serve = {"require_model": True, "web_may_lack_model": True}
+    assert load_settings(**serve, **base).web_only  # a fresh clone: starts, the page explains
+    for extra in ({"telegram_token": "123:abc"}, {"web": False}):
+        with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+            load_settings(**serve, **base, **extra)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        load_settings(require_model=True, **base)  # chat and run always need one
+    with pytest.raises(ConfigError, match="BUB_WEB_TOKEN"):
+        load_settings(require_model=False, web_token="short", **base)
+    made = load_settings(require_model=False, **base).with_web_token()
+    assert made.web_token_generated and len(made.web_token or "") >= 32

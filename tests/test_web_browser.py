@@ -1,0 +1,250 @@
+"""The web chat and the tape viewer in a real headless Chromium (Debian's, driven by
+Playwright), against `bub-bot serve` as a real process with no channel tokens: it must serve
+the web chat and print the login URL, which the browser opens.
+
+One serve process, one fake model and one browser for the whole module.
+Set BUB_WEB_SCREENSHOT=docs/web-chat.png to refresh the README's screenshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+
+from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("BUB_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+URL_LINE = re.compile(r"web chat: open (http://\S+/\?token=(\S+))")
+
+
+@dataclass
+class Served:
+    """The running `bub-bot serve` and what it printed."""
+
+    proc: asyncio.subprocess.Process
+    login_url: str
+    base_url: str
+    fake: FakeOpenAI
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    home = tmp_path_factory.mktemp("web-serve")
+    (home / "ws").mkdir()
+    fake = FakeOpenAI()
+    await fake.start()
+    port = _free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("BUB_", "OPENAI_", "SLACK_", "TELEGRAM_")) and k != "PORT"
+    }
+    env.update(
+        PYTHONPATH=str(ROOT),
+        BUB_HOME=str(home / "home"),
+        BUB_WORKSPACE=str(home / "ws"),
+        BUB_HOST="127.0.0.1",
+        PORT=str(port),
+        OPENAI_BASE_URL=fake.base_url,
+        OPENAI_API_KEY="sk-test",
+        BUB_MODEL="fake-model",
+        BUB_MODEL_RETRIES="0",
+        BUB_SPILL_THRESHOLD="20",
+    )
+    # cwd without a .env: only the settings above count. No Telegram or Slack token.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bub_bot",
+        "serve",
+        cwd=home,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        match = URL_LINE.search(line)
+        assert match, f"serve printed {line!r}"
+        login_url = match.group(1)
+        assert login_url.startswith(f"http://127.0.0.1:{port}/?token=")
+        yield Served(proc, login_url, f"http://127.0.0.1:{port}", fake)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 30)
+        await fake.stop()
+    assert proc.returncode == 0
+    assert proc.stderr is not None
+    log = (await proc.stderr.read()).decode()
+    assert match.group(2) not in log  # the token is never logged
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    assert Path(CHROMIUM).exists(), f"Chromium not found at {CHROMIUM}: apt-get install chromium"
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield launched
+        await launched.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def logged_in(served: Served, browser: Browser) -> AsyncIterator[BrowserContext]:
+    """A browser profile that opened the printed login URL once."""
+    context = await browser.new_context(viewport={"width": 1200, "height": 760})
+    page = await context.new_page()
+    await page.goto(served.login_url)
+    assert page.url.split("#")[0] == served.base_url + "/"  # the token left the address bar
+    await page.close()
+    yield context
+    await context.close()
+
+
+async def _chat_page(context: BrowserContext, served: Served) -> Page:
+    page = await context.new_page()
+    await page.goto(served.base_url + "/")
+    await page.click("#new-conversation")
+    await expect(page.locator("#conversations a.current")).to_have_count(1)
+    return page
+
+
+async def _say(page: Page, message: str) -> None:
+    await page.fill("#text", message)
+    await page.press("#text", "Enter")
+
+
+async def test_login_takes_the_printed_token_only(served: Served, browser: Browser) -> None:
+    context = await browser.new_context()
+    page = await context.new_page()
+    try:
+        response = await page.goto(served.base_url + "/")
+        assert response is not None and response.status == 401
+        await page.fill("input[name=token]", "not-the-token")
+        async with page.expect_navigation() as nav:
+            await page.click("button[type=submit]")
+        assert (await nav.value).status == 401
+        await expect(page.locator(".note")).to_contain_text("not valid")
+        token = served.login_url.split("token=", 1)[1]
+        await page.fill("input[name=token]", token)
+        await page.click("button[type=submit]")
+        await expect(page.locator("#composer")).to_be_visible()
+        assert page.url.split("#")[0] == served.base_url + "/"
+    finally:
+        await context.close()
+
+
+async def test_chat_answers_commands_and_reload(served: Served, logged_in: BrowserContext) -> None:
+    page = await _chat_page(logged_in, served)
+    answer = (
+        "Here is a **plan**:\n\n1. Read the tape since the last anchor\n2. Hand off with a"
+        " summary\n\n```python\nprint('no build step')\n```"
+    )
+    served.fake.script(slow(text(answer), 1.0))
+    await _say(page, "How do phases work here?")
+    await expect(page.locator("#working")).to_be_visible()
+    bot = page.locator("#messages .item.bot")
+    await expect(bot.last.locator("strong")).to_have_text("plan")
+    await expect(bot.last.locator("pre code")).to_have_text("print('no build step')")
+    await expect(page.locator("#working")).to_be_hidden()
+
+    await page.reload()
+    await expect(page.locator("#messages .item.user")).to_contain_text(["How do phases work here?"])
+    await expect(page.locator("#messages .item.bot strong")).to_have_text("plan")
+
+    served.fake.script(text("We planned how phases work."))
+    await _say(page, "/handoff")
+    await expect(page.locator("#messages .item.anchor").last).to_contain_text(
+        "We planned how phases work."
+    )
+    await expect(bot.last).to_contain_text("Handed off")
+    screenshot = await page.screenshot()
+    assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    target = os.environ.get("BUB_WEB_SCREENSHOT")
+    if target:
+        (ROOT / target).write_bytes(screenshot)
+
+    await _say(page, "/reset")
+    await expect(bot.last).to_contain_text("Started a fresh conversation")
+    await page.reload()
+    await expect(page.locator("#messages .item.anchor").first).to_contain_text("archived")
+    await expect(page.locator("#messages")).not_to_contain_text("How do phases work here?")
+    await page.close()
+
+
+async def test_markup_from_the_model_never_runs(served: Served, logged_in: BrowserContext) -> None:
+    page = await _chat_page(logged_in, served)
+    served.fake.script(
+        text(
+            "<script>window.pwned = 'script'</script>\n\n"
+            "<img src=x onerror=\"window.pwned = 'img'\">\n\n"
+            "[click me](javascript:window.pwned='link')"
+        )
+    )
+    await _say(page, "<b onmouseover=\"window.pwned='user'\">hi</b>")
+    bot = page.locator("#messages .item.bot").last
+    await expect(bot).to_contain_text("<script>window.pwned = 'script'</script>")
+    await expect(bot).to_contain_text("<img src=x onerror=")
+    await bot.hover()
+    await page.locator("#messages .item.user").last.hover()
+    await asyncio.sleep(0.2)
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("#messages img, #messages script, #messages b").count() == 0
+    await page.close()
+
+
+async def test_viewer_shows_session_anchor_spill_and_context(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    page = await _chat_page(logged_in, served)
+    conversation = page.url.split("#", 1)[1]
+    served.fake.script(tool_calls([("tape_info", {})]), text("The tape is small."))
+    await _say(page, "How big is this tape?")
+    await expect(page.locator("#messages .item.bot").last).to_contain_text("The tape is small.")
+    await _say(page, "/handoff Viewer phase: we measured the tape")
+    await expect(page.locator("#messages .item.anchor").last).to_contain_text("we measured")
+
+    await page.click("a.viewer-link")
+    row = page.locator("table.tapes a", has_text=f"web:{conversation}")
+    await expect(row).to_have_count(1)
+    await row.click()
+    await expect(page.locator("ol.timeline")).to_contain_text("handoff")
+    await expect(page.locator("ol.timeline .summary")).to_contain_text(
+        "Viewer phase: we measured the tape"
+    )
+    await page.click("a.tab >> text=All")
+    await expect(page.locator(".entry.kind-tool_call")).to_contain_text("tape_info")
+    await expect(page.locator(".entry .flag").first).to_have_text("not in context")
+
+    await page.locator(".side a[href*='/spill/']").first.click()
+    await expect(page.locator("h1")).to_contain_text("Spilled output sp_")
+    await expect(page.locator("main pre").first).to_contain_text("entries")
+    await page.go_back()
+    await page.click("a.tab >> text=Context now")
+    await expect(page.locator("h1")).to_have_text("Context now")
+    await expect(page.locator(".msg.role-system")).to_have_count(1)
+    await expect(page.locator(".msg.role-user")).to_contain_text(
+        "Viewer phase: we measured the tape"
+    )
+    await page.close()
