@@ -5,6 +5,8 @@ returned is Telegram acknowledged (the next `getUpdates` offset, or the webhook'
 polling loop is our own rather than aiogram's Dispatcher, because the Dispatcher confirms an
 offset before its handlers finish. Re-deliveries are recognised by `<chat_id>:<message_id>`
 (update ids restart after long gaps and webhook switches; message ids never repeat in a chat).
+Every update, polled or posted, is first checked in `telegram_updates`; a malformed one is
+acknowledged, counted as "malformed" and dropped, and never holds up the updates after it.
 
 Outbound (`telegram_outbox`): the model's Markdown becomes Telegram HTML, cut at 4096 UTF-16
 units, and every message is paced within Telegram's send limits, fairly across chats. A piece
@@ -21,7 +23,6 @@ import asyncio
 import base64
 import contextlib
 import hmac
-import json
 import logging
 import mimetypes
 import re
@@ -44,13 +45,13 @@ from aiogram.exceptions import (
 )
 from aiogram.types import BotCommand, Message, PhotoSize, Update
 from aiohttp import web
-from pydantic import ValidationError
 
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
 from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
+from .telegram_updates import Malformed, RawGetUpdates, parse_body, read_update, update_id
 
 log = logging.getLogger("channels.telegram")
 
@@ -227,17 +228,13 @@ class TelegramChannel:
             await asyncio.wait_for(self._stopping.wait(), seconds)
         return self._stopping.is_set()
 
-    async def _get_updates(self) -> list[Update] | None:
-        """One long poll; None when `stop()` interrupted it."""
+    async def _get_updates(self) -> list[Any] | None:
+        """One long poll (the updates as JSON values); None when `stop()` interrupted it."""
         assert self._bot is not None
-        poll = asyncio.ensure_future(
-            self._bot.get_updates(
-                offset=self._offset,
-                timeout=self.poll_timeout,
-                allowed_updates=ALLOWED_UPDATES,
-                request_timeout=self.poll_timeout + 15,
-            )
+        method = RawGetUpdates(
+            offset=self._offset, timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
         )
+        poll = asyncio.ensure_future(self._bot(method, request_timeout=self.poll_timeout + 15))
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
             await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -283,8 +280,16 @@ class TelegramChannel:
             if updates is None:
                 return
             failures = 0
-            for update in updates:
-                if self._offset is not None and update.update_id < self._offset:
+            for raw in updates:
+                uid = update_id(raw)
+                if uid is not None and self._offset is not None and uid < self._offset:
+                    continue
+                try:
+                    update = read_update(raw, self._bot)
+                except Malformed as exc:
+                    self._malformed(exc, "polling")
+                    if uid is not None:
+                        self._offset = uid + 1  # confirmed: Telegram need not send it again
                     continue
                 while True:
                     try:
@@ -321,21 +326,19 @@ class TelegramChannel:
         given = request.headers.get(SECRET_HEADER, "").encode()
         if not expected or not hmac.compare_digest(given, expected):
             log.warning("telegram.webhook rejected: wrong or missing secret token")
+            if self._runtime is not None:
+                self._runtime.note_inbound(self.name, "unauthorized")
             return web.Response(status=401, text="unauthorized")
         if self._runtime is None or self._bot is None or self._stopping.is_set():
             return web.Response(status=503, text="not ready")
         try:
-            data = json.loads(await request.text())
-        except (ValueError, UnicodeDecodeError):
-            return web.Response(status=400, text="malformed JSON")
-        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
-            return web.Response(status=400, text="not a Telegram update")
-        try:
-            update = Update.model_validate(data, context={"bot": self._bot})
-        except ValidationError as exc:
-            # Well-formed but unreadable for us: retrying would not help.
-            log.warning("telegram.webhook unreadable update=%s: %s", data["update_id"], exc)
-            return web.Response(status=200)
+            update = read_update(parse_body(await request.read()), self._bot)
+        except Malformed as exc:
+            self._malformed(exc, "webhook")
+            # 400: not an update at all. An unusable update gets an empty 200, so Telegram
+            # does not retry it (a JSON body would be read as a method call).
+            text = exc.reason if exc.status != 200 else None
+            return web.Response(status=exc.status, text=text)
         try:
             await self._handle(update)
         except Exception as exc:
@@ -345,6 +348,13 @@ class TelegramChannel:
         return web.Response(status=200)
 
     # -- inbound -------------------------------------------------------------------------------
+    def _malformed(self, exc: Malformed, via: str) -> None:
+        log.warning(
+            "telegram.update.malformed via=%s update=%s: %s", via, exc.update_id, exc.reason
+        )
+        if self._runtime is not None:
+            self._runtime.note_inbound(self.name, "malformed")
+
     async def _handle(self, update: Update) -> None:
         """Store one update's message (if it is for us); raises only when storing failed."""
         message = update.message
@@ -436,6 +446,7 @@ class TelegramChannel:
             session_id=session,
             delivery_key=f"{chat.id}:{message.message_id}",
             message_id=str(message.message_id),
+            sent_at=message.date.timestamp(),
             sender=Sender(
                 id=str(user.id), name=user.full_name, username=user.username, is_bot=user.is_bot
             ),

@@ -20,6 +20,7 @@ from channels.telegram_format import utf16_len
 from tests.channel_harness import StoredTapes
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
+from tests.runtime_channel import inbound_users
 
 TOKEN = "123:ABC"
 BOT = "bub_test_bot"
@@ -104,7 +105,7 @@ async def start(
 async def test_private_round_trip(start, tg: FakeTelegram, fake_openai: FakeOpenAI) -> None:
     h = await start()
     assert [c["command"] for c in next(iter(tg.commands.values()))] == [
-        "handoff", "reset", "status", "anchors", "help"
+        "handoff", "reset", "status", "anchors", "tools", "help"
     ]  # fmt: skip
     assert tg.calls_of("deleteWebhook")[-1].get("drop_pending_updates") in (None, False)
     fake_openai.script(slow(text("Hello **Ann**, see `x < y`"), 0.5))
@@ -117,6 +118,8 @@ async def test_private_round_trip(start, tg: FakeTelegram, fake_openai: FakeOpen
     assert fake_openai.last_messages()[-1] == {"role": "user", "content": "hi there"}
     await h.idle(f"telegram:{USER}")
     assert await h.user_messages(f"telegram:{USER}") == ["hi there"]
+    [stored] = await inbound_users(h.tape(f"telegram:{USER}"))
+    assert stored.meta["sent_at"] == update["message"]["date"]  # Telegram's message time
 
 
 async def test_same_update_twice_is_answered_once(
