@@ -200,6 +200,17 @@ async def test_http_errors_timeouts_and_rich_results(
     assert TOKEN not in await tape_text(bot)
 
 
+async def test_calls_of_one_step_run_concurrently(http_url, fake_openai, bot_factory):
+    bot, channel = await bot_factory(
+        {"remote": {"url": http_url, "headers": {"Authorization": f"Bearer {TOKEN}"}}}
+    )
+    # Each call answers "met" only when all three are in flight at the same time.
+    meet = ("mcp_remote_meet", {"group": "step", "count": 3})
+    fake_openai.script(tool_calls([meet, meet, meet]), text("together"))
+    assert await say(bot, channel, "meet") == "together"
+    assert tool_results(fake_openai) == ["met", "met", "met"]
+
+
 async def test_allow_list_hides_and_refuses_other_tools(http_url, fake_openai, bot_factory):
     bot, channel = await bot_factory(
         {
@@ -377,6 +388,23 @@ async def test_tools_command_lists_built_in_and_mcp_tools(http_url, fake_openai,
     assert not fake_openai.completion_requests()  # a command, not a model call
 
 
+async def test_tools_command_without_mcp_and_its_usage(fake_openai, settings) -> None:
+    channel = CliChannel(out=io.StringIO())
+    bot = await Bot.open(settings(), [channel])
+    try:
+        reply = await say(bot, channel, "/tools")
+        builtin = len(bot.agent.tools.own())
+        assert reply.startswith(f"The model has {builtin} tools in this conversation.")
+        assert "MCP server" not in reply
+        assert await say(bot, channel, "/tools please") == (
+            "tools takes no arguments. Usage: /tools — the tools the model has here"
+            " (built-in and MCP servers)"
+        )
+        assert "/tools — the tools the model has here" in await say(bot, channel, "/help")
+    finally:
+        await bot.close()
+
+
 async def test_doctor_connects_each_server(settings, tmp_path, http_url) -> None:
     from bub_bot.doctor import doctor
 
@@ -397,8 +425,10 @@ async def test_doctor_connects_each_server(settings, tmp_path, http_url) -> None
         lines["mcp:local"].startswith("ok ")
         and "2 tools (allow-listed): echo, add" in lines["mcp:local"]
     )
-    assert lines["mcp:remote"].startswith("ok ") and "hidden" in lines["mcp:remote"]
-    assert lines["mcp:locked"].startswith("FAIL") and '"url" and "headers"' in lines["mcp:locked"]
+    assert lines["mcp:remote"].startswith("ok ") and "13 tools: echo, add," in lines["mcp:remote"]
+    locked = lines["mcp:locked"]
+    assert locked.startswith("FAIL") and "HTTP 401 Unauthorized (check the headers)" in locked
+    assert '"url" and "headers"' in locked
     assert lines["mcp:absent"].startswith("FAIL") and "command not found" in lines["mcp:absent"]
     assert TOKEN not in out.getvalue()
 

@@ -1,9 +1,9 @@
 """A test MCP server: run as a script it speaks stdio; `build()` gives the server for HTTP.
 
 Tools: echo, add, info (pid, working directory), env_digest and env (an environment
-variable's SHA-256 / value), fail (raises), nap (sleeps), big (a deterministic text of any
-size), picture (text and a PNG), link (a resource link), grow (adds a tool and says so),
-hidden (for allow-lists).
+variable's SHA-256 / value), fail (raises), nap (sleeps), meet (answers once N calls are in
+flight together), big (a deterministic text of any size), picture (text and a PNG), link (a
+resource link), grow (adds a tool and says so), hidden (for allow-lists).
 """
 
 from __future__ import annotations
@@ -74,6 +74,22 @@ def build(name: str = "tools") -> MCPServer:
         """Sleep, then answer."""
         await asyncio.sleep(seconds)
         return f"slept {seconds}"
+
+    in_flight: dict[str, int] = {}
+    everyone_here: dict[str, asyncio.Event] = {}
+
+    @server.tool()
+    async def meet(group: str, count: int) -> str:
+        """Wait until `count` calls of `group` are in flight at once ("met"), at most 10 s."""
+        in_flight[group] = in_flight.get(group, 0) + 1
+        event = everyone_here.setdefault(group, asyncio.Event())
+        if in_flight[group] >= count:
+            event.set()
+        try:
+            await asyncio.wait_for(event.wait(), 10)
+        except TimeoutError:
+            return "alone"
+        return "met"
 
     @server.tool(structured_output=False)
     def big(size: int) -> str:

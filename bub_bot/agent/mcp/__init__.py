@@ -1,7 +1,7 @@
 """MCP tools: the servers of `BUB_MCP_CONFIG` offered to the model as `mcp.<server>.<tool>`.
 
 `config` parses the file (cheap, no SDK import); `connection` runs one server instance with
-the official `mcp` SDK; `manager` keeps the instances (by workspace for stdio servers) and is
+the official `mcp` SDK over a `transport` (stdio child or Streamable HTTP); `manager` keeps the instances (by workspace for stdio servers) and is
 the registry's tool source; `results` turns call results into what the model reads; `probe`
 is `bub-bot doctor`'s check.
 """

@@ -13,13 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +24,10 @@ from ... import __version__
 from ...secrets import Scrubber
 from ..tools import ToolError
 from .config import McpServerConfig
+from .transport import CONNECT_TIMEOUT, Evidence, is_transport_error, load_sdk, open_transport
 
 log = logging.getLogger("bub_bot.mcp")
 
-CONNECT_TIMEOUT = 30.0
-"""Seconds for the handshake and each tools/list page."""
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 60.0
 STABLE_SECONDS = 60.0
@@ -40,11 +35,7 @@ STABLE_SECONDS = 60.0
 CLOSE_TIMEOUT = 10.0
 """Bound on closing one server (the SDK's stdio shutdown: stdin closed, 2 s, SIGTERM, 2 s,
 SIGKILL)."""
-MAX_EVENT_BYTES = 64 * 1024 * 1024
-"""Largest Streamable HTTP event accepted (the SDK's default, 1 MB, is below what a tool
-may return; big outputs are spilled on our side anyway)."""
 MAX_TOOL_PAGES = 100
-STDERR_LINES = 20
 _REQUEST_TIMEOUT = -32001  # mcp_types.REQUEST_TIMEOUT (JSON-RPC), without importing the SDK
 
 
@@ -85,7 +76,7 @@ class McpConnection:
         self._stop = asyncio.Event()
         self._broken = asyncio.Event()
         self._relist = asyncio.Event()
-        self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
+        self._evidence = Evidence(config.name, self.scrub)
         self._was_ready = False
 
     @property
@@ -149,9 +140,9 @@ class McpConnection:
                     if self.config.transport == "stdio"
                     else "the server closed the session"
                 )
-                tail = self._stderr_tail()
+                tail = self._evidence.tail()
                 if tail:
-                    reason += f"; stderr: {tail}"
+                    reason += f"; {tail}"
             if self._was_ready and time.monotonic() - started >= STABLE_SECONDS:
                 attempt = 0
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt) * random.uniform(0.8, 1.2)
@@ -182,14 +173,14 @@ class McpConnection:
 
     async def _session(self) -> None:
         """One connection: handshake, list tools, serve calls until it ends or we stop."""
-        await _load_sdk()
+        await load_sdk()
         from mcp import Client, Implementation
 
         closed = asyncio.Event()
         self._broken.clear()
         self._relist.clear()
         started = time.perf_counter()
-        async with self._transport(closed) as transport:
+        async with open_transport(self.config, self.cwd, closed, self._evidence) as transport:
             client = Client(
                 transport,
                 mode="legacy",  # the initialize handshake every server today speaks
@@ -277,61 +268,6 @@ class McpConnection:
                 )
         return found
 
-    # -- transports ---------------------------------------------------------------------------
-    @asynccontextmanager
-    async def _transport(self, closed: asyncio.Event) -> AsyncIterator[Any]:
-        """The SDK transport for this server, its read stream watched for its end."""
-        if self.config.transport == "http":
-            import httpx2
-            from mcp.client.streamable_http import streamable_http_client
-
-            timeout = httpx2.Timeout(CONNECT_TIMEOUT, read=max(300.0, self.config.timeout + 30))
-            async with (
-                httpx2.AsyncClient(headers=dict(self.config.headers), timeout=timeout) as http,
-                streamable_http_client(
-                    self.config.url, http_client=http, max_sse_event_size=MAX_EVENT_BYTES
-                ) as (read, write),
-            ):
-                yield _watched(read, write, closed)
-            return
-
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-
-        params = StdioServerParameters(
-            command=self.config.command,
-            args=list(self.config.args),
-            env=dict(self.config.env) or None,
-            cwd=self.cwd,
-        )
-        errlog = self._stderr_pipe()
-        try:
-            async with stdio_client(params, errlog=errlog) as (read, write):
-                errlog.close()  # the child holds its copy: EOF comes when it exits
-                yield _watched(read, write, closed)
-        finally:
-            errlog.close()
-
-    def _stderr_pipe(self) -> Any:
-        """A pipe for the server's stderr: lines go to the debug log, the last few are kept
-        for the message that says why a server failed."""
-        read_fd, write_fd = os.pipe()
-        self._stderr.clear()
-
-        def pump() -> None:
-            with open(read_fd, "rb") as pipe:
-                for raw in pipe:
-                    line = self.scrub(raw.decode("utf-8", "replace").rstrip())
-                    if line:
-                        self._stderr.append(line)
-                        log.debug("mcp.stderr server=%s: %s", self.name, line)
-
-        threading.Thread(target=pump, name=f"mcp-stderr:{self.name}", daemon=True).start()
-        return open(write_fd, "w", encoding="utf-8")
-
-    def _stderr_tail(self) -> str:
-        lines = [line for line in self._stderr if line.strip()]
-        return " | ".join(lines[-3:])[-500:]
-
     # -- calls --------------------------------------------------------------------------------
     def unavailable(self) -> str:
         """Why this server's tools cannot be called now."""
@@ -367,8 +303,8 @@ class McpConnection:
             if exc.code == CONNECTION_CLOSED or "Session terminated" in str(exc):
                 self._broken.set()
                 raise ToolError(
-                    f"MCP server {self.name!r} closed the connection during the call;"
-                    " it is being restarted, try again in a moment"
+                    f"MCP server {self.name!r} closed the connection; it is being"
+                    " restarted, try again in a moment"
                 ) from None
             raise ToolError(
                 f"MCP server {self.name!r} refused the call: {self.scrub(str(exc))}"
@@ -380,7 +316,7 @@ class McpConnection:
         except (ToolError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            if self.config.transport == "http" and _is_transport_error(exc):
+            if self.config.transport == "http" and is_transport_error(exc):
                 self._broken.set()
             raise ToolError(
                 f"MCP server {self.name!r} failed the call: {self._describe(exc)}"
@@ -401,85 +337,8 @@ class McpConnection:
         else:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        if self.config.transport == "stdio" and not isinstance(exc, FileNotFoundError):
-            tail = self._stderr_tail()
+        if not isinstance(exc, FileNotFoundError):
+            tail = self._evidence.tail()
             if tail:
-                text += f"; stderr: {tail}"
+                text += f"; {tail}"
         return self.scrub(text)
-
-
-async def _load_sdk() -> None:
-    """Import the SDK in a worker thread: it takes about half a second, which would otherwise
-    stall every conversation (and /healthz) while the servers start."""
-    global _sdk_loaded
-    if not _sdk_loaded:
-        await asyncio.to_thread(_import_sdk)
-        _sdk_loaded = True
-
-
-def _import_sdk() -> None:
-    import httpx2  # noqa: F401
-    import mcp
-    import mcp.client.stdio
-    import mcp.client.streamable_http  # noqa: F401
-
-
-_sdk_loaded = False
-
-
-def _is_transport_error(exc: BaseException) -> bool:
-    return type(exc).__module__.split(".")[0] in ("httpx2", "httpcore", "anyio") or isinstance(
-        exc, OSError
-    )
-
-
-class _WatchedStream:
-    """A read stream that sets `closed` when it ends, otherwise the SDK's stream as is."""
-
-    def __init__(self, stream: Any, closed: asyncio.Event) -> None:
-        self._stream = stream
-        self._closed = closed
-
-    async def receive(self) -> Any:
-        import anyio
-
-        try:
-            return await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._closed.set()
-            raise
-
-    def __aiter__(self) -> _WatchedStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        import anyio
-
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        self._closed.set()
-        await self._stream.aclose()
-
-    async def __aenter__(self) -> _WatchedStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        # e.g. `last_context` of the HTTP transport's stream
-        return getattr(self._stream, name)
-
-
-@asynccontextmanager
-async def _watched_transport(read: Any, write: Any, closed: asyncio.Event) -> AsyncIterator[Any]:
-    yield _WatchedStream(read, closed), write
-
-
-def _watched(read: Any, write: Any, closed: asyncio.Event) -> Any:
-    """A `Transport` (an async context manager of the two streams) for `mcp.Client`."""
-    return _watched_transport(read, write, closed)

@@ -29,4 +29,5 @@ async def probe_server(
     names = [t.name for t in tools]
     shown = ", ".join(names[:TOOLS_SHOWN]) + (" …" if len(names) > TOOLS_SHOWN else "")
     allowed = " (allow-listed)" if config.tools is not None else ""
-    return True, f"{where}: {len(names)} tools{allowed}" + (f": {shown}" if names else "")
+    count = f"{len(names)} tool" + ("" if len(names) == 1 else "s")
+    return True, f"{where}: {count}{allowed}" + (f": {shown}" if names else "")
