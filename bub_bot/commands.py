@@ -122,11 +122,12 @@ def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
     lines = [f"Built-in tools ({len(own)}):"]
     lines += [_tool_line(t.exposed_name, t.description) for t in own]
     offered = len(own)
+    reserved = {t.exposed_name for t in own}
     for source in registry.sources:
         overview = getattr(source, "overview", None)
         if overview is None:
             continue
-        for server in overview(workspace):
+        for server in overview(workspace, reserved):
             offered += len(server.tools)
             head = f"MCP server {server.name} ({server.transport}): {server.state}"
             if server.state == "ready":

@@ -124,17 +124,18 @@ class McpConnection:
         attempt = 0
         while not self._stop.is_set():
             started = time.monotonic()
-            reason = ""
+            failure: Exception | None = None
             self._was_ready = False
             try:
                 await self._session()
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                reason = self._describe(exc)
+            except Exception as exc:
+                failure = exc
             if self._stop.is_set():
                 break
-            if not reason:
+            await self._evidence.settle()  # a dying server's last stderr lines
+            if failure is not None:
+                reason = self._describe(failure)
+            else:
                 reason = (
                     "the server process exited (or closed its stdout)"
                     if self.config.transport == "stdio"

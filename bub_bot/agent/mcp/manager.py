@@ -154,7 +154,7 @@ class McpManager:
         self.workspace = workspace.resolve()
         self._connections: dict[tuple[str, Path | None], McpConnection] = {}
         self._tools: dict[tuple[str, Path | None], list[McpTool]] = {}
-        self._offered: dict[Path, list[Tool]] = {}
+        self._offered: dict[tuple[Path, frozenset[str]], list[Tool]] = {}
         self._resolved: dict[Path, Path] = {}
         self._closed = False
 
@@ -225,10 +225,11 @@ class McpManager:
         """The tools offered to the model now: those of connected servers, allow-listed,
         without names that collide with `reserved` (built-in) or an earlier server's."""
         where = self._workspace(workspace)
-        offered = self._offered.get(where)
+        key = (where, frozenset(reserved or ()))
+        offered = self._offered.get(key)
         if offered is not None:
             return offered
-        taken = set(reserved or ())
+        taken = set(key[1])
         offered = []
         for connection in self.connections(where):
             if connection.state != "ready":
@@ -244,7 +245,7 @@ class McpManager:
                     continue
                 taken.add(tool.exposed)
                 offered.append(tool)
-        self._offered[where] = offered
+        self._offered[key] = offered
         return offered
 
     def resolve(self, name: str, workspace: Path | None = None) -> Tool | None:
@@ -256,9 +257,11 @@ class McpManager:
                     return tool
         return None
 
-    def overview(self, workspace: Path | None = None) -> list[ServerOverview]:
+    def overview(
+        self, workspace: Path | None = None, reserved: set[str] | None = None
+    ) -> list[ServerOverview]:
         """Every configured server with its state and offered tools, in config order."""
-        offered = self.tools(workspace)
+        offered = self.tools(workspace, reserved)
         by_server: dict[str, list[Tool]] = {}
         for tool in offered:
             by_server.setdefault(tool.server, []).append(tool)  # type: ignore[attr-defined]

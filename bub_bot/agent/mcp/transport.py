@@ -54,6 +54,7 @@ class Evidence:
         self.scrub = scrub
         self.lines: deque[str] = deque(maxlen=STDERR_LINES)
         self.http_error: str | None = None
+        self._pump: threading.Thread | None = None
 
     def pipe(self) -> Any:
         """A new pipe for one process start; returns its write end (for the child)."""
@@ -68,8 +69,16 @@ class Evidence:
                         self.lines.append(line)
                         log.debug("mcp.stderr server=%s: %s", self.server, line)
 
-        threading.Thread(target=pump, name=f"mcp-stderr:{self.server}", daemon=True).start()
+        self._pump = threading.Thread(target=pump, name=f"mcp-stderr:{self.server}", daemon=True)
+        self._pump.start()
         return open(write_fd, "w", encoding="utf-8")
+
+    async def settle(self, timeout: float = 0.5) -> None:
+        """Let the stderr reader take in what an exited server wrote last (its stdout may
+        close before its stderr is read); a grandchild holding the pipe only costs `timeout`."""
+        pump = self._pump
+        if pump is not None and pump.is_alive():
+            await asyncio.to_thread(pump.join, timeout)
 
     def tail(self) -> str:
         """The last HTTP error, or the last lines of stderr ("stderr: …"), on one line."""
