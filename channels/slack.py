@@ -16,9 +16,11 @@ inside a DM thread; slash commands act on `slack:<team>:<channel>` (Slack sends 
 for them; inside threads people write `@bot /handoff`).
 
 Outbound. `split` converts the model's Markdown to mrkdwn and cuts it under 4 000 bytes;
-`send` posts one piece with `chat.postMessage`. The Web API client has no retry handlers: a
-429 is waited out here (Retry-After) and only that piece is re-posted; a connection lost after
-the request went out raises `DeliveryUnknown`, so nothing is ever posted twice.
+`send` posts one piece with `chat.postMessage`, paced to `BUB_SLACK_RATE_CHANNEL` (Slack's
+one message a second per channel) with channels taking turns (`pacing`). The Web API client
+has no retry handlers: a 429 holds every call of that method for its Retry-After (Slack's
+limits are per method) and only that piece is re-posted; a connection lost after the request
+went out raises `DeliveryUnknown`, so nothing is ever posted twice.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bub_bot.config import ConfigError, Settings
 
 from . import slack_events
 from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
+from .pacing import Pacer, Rate
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
 from .slack_format import format_and_split
 
@@ -122,6 +125,8 @@ class SlackChannel:
         self._status_ok: dict[str, bool] = {}
         self._notified: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._channel_rate = Rate.parse(settings.slack_rate_channel)
+        self._pacers: dict[str, Pacer] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -466,9 +471,17 @@ class SlackChannel:
         provably never reached Slack, and reports an unknown outcome as DeliveryUnknown."""
         waits = 0
         connect_failures = 0
+        pacer = self._pacer(method)
         while True:
             try:
-                response = await self.client.api_call(method, json=params)
+                async with pacer.turn(str(params.get("channel") or "")):
+                    try:
+                        response = await self.client.api_call(method, json=params)
+                    except SlackApiError as exc:
+                        if exc.response.status_code == 429:
+                            # Every call of this method waits, this one included (re-queued).
+                            pacer.pause_all(_retry_after(exc.response.headers))
+                        raise
                 return dict(response.data) if isinstance(response.data, dict) else {}
             except SlackApiError as exc:
                 status = exc.response.status_code
@@ -477,7 +490,6 @@ class SlackChannel:
                     waits += 1
                     delay = _retry_after(exc.response.headers)
                     log.warning("slack.rate_limited method=%s retry_after=%.1fs", method, delay)
-                    await asyncio.sleep(delay)
                     continue
                 if status >= 500:
                     raise DeliveryUnknown(f"{method}: HTTP {status} {error or ''}".strip()) from exc
@@ -491,6 +503,15 @@ class SlackChannel:
                 raise DeliveryError(f"{method}: cannot connect: {exc}") from exc
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                 raise DeliveryUnknown(f"{method}: connection lost, outcome unknown: {exc}") from exc
+
+    def _pacer(self, method: str) -> Pacer:
+        """The turns of one Web API method: `chat.postMessage` paced per channel, the others
+        only held by a 429."""
+        pacer = self._pacers.get(method)
+        if pacer is None:
+            per_channel = self._channel_rate if method == "chat.postMessage" else None
+            pacer = self._pacers[method] = Pacer(per_key=per_channel, name=f"slack.{method}")
+        return pacer
 
     # -- working indicator -----------------------------------------------------------------
     @contextlib.asynccontextmanager

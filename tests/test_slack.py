@@ -88,6 +88,9 @@ async def start_bot(settings: Callable[..., Settings], slack: FakeSlack) -> Asyn
             "slack_bot_token": slack.bot_token,
             "slack_signing_secret": SECRET,
             "slack_api_url": slack.api_url,
+            # One post per 0.05 s per channel instead of Slack's 1/s, to keep long answers
+            # quick; the pacing itself is tested in test_slack_pacing.py.
+            "slack_rate_channel": "1/0.05s",
         }
         values.update(overrides)
         conf = settings(**values)

@@ -71,6 +71,8 @@ class FakeSlack:
         self.assistant_enabled = True
         self.assistant_error = "not_allowed_token_type"
         self.calls: list[tuple[str, Params]] = []
+        self.call_times: list[float] = []
+        """When each of ``calls`` arrived (``time.monotonic()``), for checks on pacing."""
         self.posts: list[Params] = []
         self.ephemerals: list[Params] = []
         self.updates: list[Params] = []
@@ -159,6 +161,12 @@ class FakeSlack:
             and (thread_ts is None or p.get("thread_ts") == thread_ts)
         ]
 
+    def timed_calls(self, method: str) -> list[tuple[float, Params]]:
+        """(arrival time, params) of every call to ``method``."""
+        return [
+            (t, p) for t, (m, p) in zip(self.call_times, self.calls, strict=True) if m == method
+        ]
+
     def calls_to(self, method: str) -> list[Params]:
         """Params of every recorded call to ``method`` (including failed ones)."""
         return [p for m, p in self.calls if m == method]
@@ -234,6 +242,7 @@ class FakeSlack:
         token = token or params.pop("token", None)
         params.pop("token", None)
         self.calls.append((method, params))
+        self.call_times.append(time.monotonic())
         fault = self._faults[method].popleft() if self._faults[method] else None
         if fault is not None and fault.passthrough:
             fault = None
