@@ -247,6 +247,12 @@ async def test_url_verification(start_bot: StartBot) -> None:
     bot = await start_bot()
     status, body = await bot.post(url_verification("challenge-xyz"))
     assert status == 200 and json.loads(body) == {"challenge": "challenge-xyz"}
+    # Requests of kinds the bot does not act on are acknowledged: Slack's certificate check of
+    # a command URL, and its notice that it dropped events to this app for a minute.
+    assert (await bot.post({"ssl_check": "1", "token": "x"}, form=True)) == (200, "")
+    limited = {"type": "app_rate_limited", "team_id": TEAM, "minute_rate_limited": 1518467820}
+    assert (await bot.post(limited)) == (200, "")
+    assert await bot.stored_nothing()
 
 
 async def test_own_and_other_bots_messages_ignored(start_bot: StartBot, slack: FakeSlack) -> None:
