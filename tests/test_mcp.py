@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -485,3 +486,58 @@ async def test_a_broken_config_stops_the_start_with_one_line(fake_openai, tmp_pa
         " (HTTP); choose one"
     )
     assert not fake_openai.completion_requests()
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+async def test_serve_terminates_its_stdio_servers_on_sigterm(fake_openai, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = cli_env(fake_openai, tmp_path, write_config(tmp_path, {"a": STDIO}))
+    env["PORT"] = str(port)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bub_bot",
+        "serve",
+        env=env,
+        cwd=tmp_path,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        ready: dict[str, Any] = {}
+
+        async def servers_ready() -> bool:
+            nonlocal ready
+            try:
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                        ready = await resp.json()
+            except aiohttp.ClientError:
+                return False
+            return [s["state"] for s in ready.get("mcp", {}).values()] == ["ready"]
+
+        for _ in range(600):
+            if await servers_ready():
+                break
+            assert proc.returncode is None
+            await asyncio.sleep(0.05)
+        assert ready["mcp"]["a"]["tools"] > 0
+        servers = children(proc.pid)
+        assert len(servers) == 1
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert not [pid for pid in servers if alive(pid)]
