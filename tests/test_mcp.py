@@ -176,13 +176,14 @@ async def test_http_errors_timeouts_and_rich_results(
                 ("mcp_remote_echo", {"wrong": 1}),
                 ("mcp_remote_picture", {}),
                 ("mcp_remote_link", {}),
+                ("mcp_remote_stats", {}),
                 ("mcp_remote_echo", {"text": "still fine"}),
             ]
         ),
         text("done"),
     )
     assert await say(bot, channel, "go") == "done"
-    failed, slow, invalid, picture, link, echo = tool_results(fake_openai)
+    failed, slow, invalid, picture, link, stats, echo = tool_results(fake_openai)
     assert failed.startswith("error: ") and "the tool broke badly" in failed
     assert slow == "error: nap on MCP server 'remote' did not answer within 0.5 s"
     assert invalid.startswith("error: ") and "text" in invalid  # the server's validation
@@ -191,13 +192,14 @@ async def test_http_errors_timeouts_and_rich_results(
         link
         == "[resource link] report: file:///srv/report.pdf (application/pdf) — the quarterly report"
     )
+    assert json.loads(stats) == {"count": 3, "items": ["a", "b"]}
     assert echo == "still fine"
     (results,) = [
         json.loads(line)["payload"]["results"]
         for line in (await tape_text(bot)).splitlines()
         if json.loads(line)["kind"] == "tool_result"
     ]
-    assert [r.get("ok") for r in results] == [False, False, False, True, True, True]
+    assert [r.get("ok") for r in results] == [False, False, False, True, True, True, True]
     assert TOKEN not in await tape_text(bot)
 
 
@@ -426,7 +428,7 @@ async def test_doctor_connects_each_server(settings, tmp_path, http_url) -> None
         lines["mcp:local"].startswith("ok ")
         and "2 tools (allow-listed): echo, add" in lines["mcp:local"]
     )
-    assert lines["mcp:remote"].startswith("ok ") and "13 tools: echo, add," in lines["mcp:remote"]
+    assert lines["mcp:remote"].startswith("ok ") and "14 tools: echo, add," in lines["mcp:remote"]
     locked = lines["mcp:locked"]
     assert locked.startswith("FAIL") and "HTTP 401 Unauthorized (check the headers)" in locked
     assert '"url" and "headers"' in locked

@@ -2,8 +2,9 @@
 
 Tools: echo, add, info (pid, working directory), env_digest and env (an environment
 variable's SHA-256 / value), fail (raises), nap (sleeps), meet (answers once N calls are in
-flight together), big (a deterministic text of any size), picture (text and a PNG), link (a
-resource link), grow (adds a tool and says so), hidden (for allow-lists).
+flight together), big (a deterministic text of any size), picture (text and a PNG), stats
+(structured content only), link (a resource link), grow (adds a tool and says so), hidden
+(for allow-lists).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ImageContent, ResourceLink, TextContent
+from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
@@ -103,6 +104,11 @@ def build(name: str = "tools") -> MCPServer:
             TextContent(text="a red pixel"),
             ImageContent(data=base64.b64encode(PNG).decode(), mime_type="image/png"),
         ]
+
+    @server.tool()
+    def stats() -> CallToolResult:
+        """Structured content only (no text block)."""
+        return CallToolResult(content=[], structured_content={"count": 3, "items": ["a", "b"]})
 
     @server.tool()
     def link() -> list[ResourceLink]:
