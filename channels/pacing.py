@@ -204,6 +204,12 @@ class Pacer:
             return True
         return False
 
+    def paused_for(self, key: Hashable) -> float:
+        """Seconds until `key` may send again after a pause (0 when it is not paused)."""
+        lane = self._lanes.get(key)
+        until = max(self.paused_until, lane.paused_until if lane else 0.0)
+        return max(0.0, until - self._now())
+
     @property
     def waiting(self) -> int:
         """Requests waiting for their turn now."""

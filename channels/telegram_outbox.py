@@ -10,6 +10,9 @@ below zero are groups), chats take turns fairly, and a 429 that comes anyway pau
 for its turn again. `sendChatAction` (typing) is not paced: it is not a message, and its 429s
 only pause the chats they name.
 
+`call` takes a function of the Bot that builds the request when the turn comes, so a
+streaming edit sends the newest text at that moment rather than a stale one.
+
 Each piece: Telegram HTML first; if Telegram cannot parse it, its original Markdown as plain
 text. A connection lost after the request may have reached Telegram is `DeliveryUnknown` and
 is never re-sent (aiogram itself never retries).
@@ -111,7 +114,10 @@ class TelegramOutbox:
         """Run one request that posts or edits something in `chat_id`, in the chat's turn.
 
         A 429 pauses the chat (or everything) before `TelegramRetryAfter` reaches the caller,
-        so whatever the caller sends next waits for `retry_after`."""
+        so whatever the caller sends next waits for `retry_after`; while that is longer than
+        `MAX_RETRY_AFTER` a request fails at once instead of queueing for it."""
+        if (paused := self.pacer.paused_for(chat_id)) > MAX_RETRY_AFTER:
+            raise DeliveryError(f"flood control: Telegram asked to wait {paused:.0f} s more")
         async with self.pacer.turn(chat_id, group=chat_id < 0):
             try:
                 async with self._api() as bot:

@@ -158,6 +158,9 @@ async def test_pause_holds_one_key_and_not_the_others() -> None:
     await asyncio.gather(rec.request("slow"), rec.request("other"))
     assert rec.started == ["other", "slow"]
     assert rec.of("slow")[0].start >= paused_at + 0.1
+    assert pacer.paused_for("slow") == 0.0
+    pacer.pause("slow", 60)
+    assert 59 < pacer.paused_for("slow") <= 60 and pacer.paused_for("other") == 0.0
 
 
 async def test_floods_in_several_keys_pause_everything() -> None:

@@ -21,6 +21,7 @@ from bub_bot.config import Settings
 from bub_bot.server import Bot, BotServer
 from channels.pacing import FLOOD_KEYS
 from channels.telegram import TelegramChannel
+from channels.telegram_outbox import MAX_RETRY_AFTER
 from tests.fakes.openai_server import FakeOpenAI, Reply, echo_default, text
 from tests.fakes.telegram_api import FakeTelegram, FloodControl
 
@@ -108,6 +109,15 @@ async def start(
     for server in servers:
         if server.ready:
             await server.stop()
+
+
+def failed_replies(h: Harness) -> int:
+    """How many reply pieces the runtime recorded as not delivered (metrics)."""
+    registry = h.bot.metrics.registry
+    value = registry.get_sample_value(
+        "bub_replies_total", {"channel": "telegram", "outcome": "failed"}
+    )
+    return int(value or 0)
 
 
 def on_sent(tg: FakeTelegram, react: Callable[[dict[str, Any]], None]) -> None:
@@ -206,6 +216,23 @@ async def test_a_429_pauses_the_chat_for_retry_after(start, tg: FakeTelegram) ->
     assert "\n\n".join(h.texts(user)) == long_answer("one")  # the refused piece once, in place
     assert len(tg.calls_of("sendMessage")) == PIECES + 1
     assert h.limits.ignored_retry_after == 0  # nothing came back before the second was over
+
+
+async def test_a_very_long_retry_after_fails_the_answer_instead_of_waiting(
+    start, tg: FakeTelegram
+) -> None:
+    """Telegram asking for more than MAX_RETRY_AFTER: the answer is recorded as failed, and
+    later answers to that chat fail at once without a request, until the time has passed."""
+    user = 43
+    h = await start()
+    tg.fail_next("sendMessage", retry_after=MAX_RETRY_AFTER + 100)
+    for n, words in enumerate(["first", "second"], start=1):
+        tg.push_update(tg.private_text(user, words))
+        await wait_until(lambda n=n: failed_replies(h) == n)
+    assert len(tg.calls_of("sendMessage")) == 1 and tg.sent_to(user) == []
+    # Other chats are not held up.
+    tg.push_update(tg.private_text(44, "hello"))
+    await wait_until(lambda: h.texts(44) == ["echo: hello"])
 
 
 async def test_429s_in_several_chats_pause_every_chat(start, tg: FakeTelegram) -> None:
