@@ -195,8 +195,10 @@ async def test_a_retried_message_is_stored_and_answered_once(web, fake_openai: F
     assert [a.payload["content"] for a in answers] == ["the one answer"]
 
 
-async def test_the_event_stream_shows_the_answer_working_and_resumes(web, fake_openai) -> None:
-    w = await web()
+async def test_the_event_stream_shows_the_answer_working_and_resumes(
+    web, fake_openai, store_url: str
+) -> None:
+    w = await web(database_url=store_url)
     chat = w.chat
     conversation = await chat.new_conversation()
     stream = await chat.events(conversation)
@@ -378,8 +380,9 @@ async def _viewer_conversation(w: Web, fake_openai: FakeOpenAI) -> str:
     return conversation
 
 
-async def test_viewer_lists_pages_and_filters_tapes(web, fake_openai) -> None:
-    w = await web(spill_threshold=10)
+async def test_viewer_lists_pages_and_filters_tapes(web, fake_openai, store_url: str) -> None:
+    """On every store: SQLite and PostgreSQL."""
+    w = await web(spill_threshold=10, database_url=store_url)
     conversation = await _viewer_conversation(w, fake_openai)
     session = f"web:{conversation}"
     chat = w.chat

@@ -125,8 +125,11 @@ async def logged_in(served: Served, browser: Browser) -> AsyncIterator[BrowserCo
 async def _chat_page(context: BrowserContext, served: Served) -> Page:
     page = await context.new_page()
     await page.goto(served.base_url + "/")
+    await expect(page.locator("#conversations a.current")).to_have_count(1)  # page is ready
+    before = page.url
     await page.click("#new-conversation")
-    await expect(page.locator("#conversations a.current")).to_have_count(1)
+    await page.wait_for_function("(before) => location.href !== before", arg=before)
+    await expect(page.locator("#conversations a.current")).to_have_text("New conversation")
     return page
 
 
@@ -161,8 +164,11 @@ async def test_chat_answers_commands_and_reload(served: Served, logged_in: Brows
         "Here is a **plan**:\n\n1. Read the tape since the last anchor\n2. Hand off with a"
         " summary\n\n```python\nprint('no build step')\n```"
     )
-    served.fake.script(slow(text(answer), 1.0))
+    served.fake.script(slow(text(answer), 1.5))
     await _say(page, "How do phases work here?")
+    await expect(page.locator("#working")).to_be_visible()
+    await page.reload()  # mid-turn: the reloaded page shows the question and picks up the answer
+    await expect(page.locator("#messages .item.user")).to_contain_text(["How do phases work here?"])
     await expect(page.locator("#working")).to_be_visible()
     bot = page.locator("#messages .item.bot")
     await expect(bot.last.locator("strong")).to_have_text("plan")
