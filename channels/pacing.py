@@ -100,7 +100,7 @@ class _Lane:
     __slots__ = ("group", "paused_until", "waiters", "windows")
 
     def __init__(self, windows: list[Window]) -> None:
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters: deque[asyncio.Future[tuple[Window, ...]]] = deque()
         self.windows = windows
         self.group = False
         self.paused_until = 0.0
@@ -155,15 +155,15 @@ class Pacer:
         the block ends, also when the request failed)."""
         loop = asyncio.get_running_loop()
         lane = self._lane(key, group)
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[tuple[Window, ...]] = loop.create_future()
         lane.waiters.append(waiter)
         self._queue.setdefault(key, lane)
         self._pump()
         try:
-            await waiter
+            windows = await waiter  # the windows this request counts in
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._release(lane, counted=False)  # let go but never used
+                self._release(waiter.result(), counted=False)  # let go but never used
             else:
                 with contextlib.suppress(ValueError):
                     lane.waiters.remove(waiter)
@@ -174,7 +174,7 @@ class Pacer:
         try:
             yield
         finally:
-            self._release(lane)
+            self._release(windows)
 
     def pause(self, key: Hashable, seconds: float) -> None:
         """Send nothing to `key` for `seconds` (what a 429's retry-after asks for)."""
@@ -236,11 +236,9 @@ class Pacer:
                 lane.windows.append(Window(self.per_group))
         return lane
 
-    def _release(self, lane: _Lane, *, counted: bool = True) -> None:
+    def _release(self, windows: tuple[Window, ...], *, counted: bool = True) -> None:
         now = self._now()
-        if self.overall:
-            self.overall.finish(now, counted=counted)
-        for window in lane.windows:
+        for window in windows:
             window.finish(now, counted=counted)
         self._releases += 1
         if self._releases % _SWEEP_EVERY == 0:
@@ -284,11 +282,10 @@ class Pacer:
 
     def _grant(self, key: Hashable, lane: _Lane) -> None:
         waiter = lane.waiters.popleft()
-        if self.overall:
-            self.overall.start()
-        for window in lane.windows:
+        windows = (self.overall, *lane.windows) if self.overall else tuple(lane.windows)
+        for window in windows:
             window.start()
-        waiter.set_result(None)
+        waiter.set_result(windows)
         if lane.waiters:
             self._queue.move_to_end(key)  # the next round starts with the other keys
         else:

@@ -216,3 +216,14 @@ async def test_idle_keys_are_forgotten() -> None:
         await asyncio.sleep(0.01)
     assert len(rec.done) == 600
     assert pacer.tracked < 300  # swept every 256 requests
+
+
+async def test_a_key_that_turns_out_to_be_a_group_keeps_its_counts() -> None:
+    group_rate = Rate(1, 0.03)
+    pacer = Pacer(per_key=Rate(5, 0.001), per_group=group_rate)
+    async with pacer.turn("chat"):  # not known as a group yet
+        async with pacer.turn("chat", group=True):  # now it is: its group window starts here
+            pass
+    rec = Recorder(pacer)
+    await asyncio.gather(*(rec.request("chat", group=True) for _ in range(3)))
+    assert never_more_than(rec.done, group_rate)
