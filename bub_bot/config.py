@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=15.0, ge=1, le=3600)
     """How long a replica's claim on a session lasts without renewal (PostgreSQL, several
     replicas): a dead replica's sessions are taken over after about this long."""
+    # streaming replies: the answer appears while the model writes it
+    stream: bool = True
+    stream_interval_ms: int | None = Field(default=None, ge=0, le=60_000)
+    """Time between two updates of a streamed reply in one conversation; unset: each
+    platform's default (README). Never faster than the platform's own send limits."""
 
     # server
     host: str = "0.0.0.0"
@@ -172,7 +177,7 @@ class Settings(BaseSettings):
         parse_rate(value)
         return value
 
-    @field_validator("mcp_config", mode="before")
+    @field_validator("mcp_config", "stream_interval_ms", mode="before")
     @classmethod
     def _unset_if_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -58,6 +58,14 @@ class Metrics:
             "bub_replies", "Reply pieces by channel and outcome", ["channel", "outcome"], registry=r
         )
         self.commands = Counter("bub_commands", "Chat commands run", ["command"], registry=r)
+        self.first_text = Histogram(
+            "bub_first_text_seconds",
+            "Time from the start of a turn to the first text of its answer the user sees"
+            " (streamed: the first update; else the first piece delivered)",
+            ["channel", "streamed"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120),
+            registry=r,
+        )
         self.running_turns = Gauge(
             "bub_running_turns", "Sessions with a turn in progress", registry=r
         )
@@ -78,6 +86,9 @@ class Metrics:
             self.replies.labels(data.get("channel", ""), data.get("outcome", "")).inc()
         elif event == "command":
             self.commands.labels(data.get("name", "")).inc()
+        elif event == "first_text":
+            streamed = "yes" if data.get("streamed") else "no"
+            self.first_text.labels(data.get("channel", ""), streamed).observe(data["seconds"])
 
     def on_agent(self, event: str, data: dict[str, Any]) -> None:
         if event == "model_call":

@@ -7,12 +7,18 @@ acknowledge the platform (HTTP 200, Socket Mode ack, next polling offset).
 Outbound: the runtime asks the channel to `split` the model's text into platform-sized
 pieces and `send`s them one by one, recording each piece it delivered, so a restart resumes
 delivery at the first piece not yet sent.
+
+Streaming (optional, `Streams`): a channel that can show a reply while the model writes it
+gets a `ReplyStream` per reply. The runtime hands it the text so far (throttled per
+conversation), what the bot is doing between steps, and at the end delivers the final pieces
+through it, so the partial message becomes the answer instead of a second copy of it. A
+channel that does not stream gets only the final text, exactly as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -127,6 +133,64 @@ class Channel(Protocol):
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         """Show that a turn is running (typing, status, reaction) until the block exits."""
+
+
+class ReplyStream(Protocol):
+    """One reply shown while the model writes it (see `Streams`).
+
+    The runtime calls these one at a time, never concurrently, in this order: any number of
+    `update` / `status` / `reset` while the turn runs, then `deliver` for each final piece,
+    then `end`. Text is the model's Markdown; formatting it for the platform (and cutting it
+    only where that is safe: never inside a UTF-16 pair, a tag, an entity, or leaving a code
+    block open) is the stream's job. Failures raise as `send` does; the runtime logs them and
+    the final answer is still delivered.
+    """
+
+    interval: float
+    """Seconds between two updates this platform wants for this conversation by default
+    (`BUB_STREAM_INTERVAL_MS` overrides it; the stream itself still never exceeds the
+    platform's limits)."""
+
+    shown: list[str | None]
+    """Platform ids of the messages that show partial text now, one per message the reply
+    takes (None for a message already holding its final piece). The runtime records them
+    on the tape as they appear, so that after a crash the next process can take them over
+    (`Streams.stream(shown=...)`)."""
+
+    async def update(self, text: str) -> bool:
+        """Show `text`, the current step's answer so far. Within a step it only grows; a
+        text that does not extend the last one starts over (a new step). False: held back
+        for now (too little to post a message yet); call again later with the newest text."""
+
+    async def status(self, text: str) -> None:
+        """Show what the bot is doing instead of text ("using fs.read…"): the text of a step
+        that calls tools is not the answer."""
+
+    async def reset(self) -> None:
+        """What was shown for the current step is void (the model is asked again)."""
+
+    async def deliver(self, index: int, piece: str) -> list[str] | None:
+        """Make piece `index` of the final answer (from `split`) what the stream shows, and
+        return its platform ids as `send` would; None: the stream holds nothing for this
+        piece and the runtime `send`s it. Raises DeliveryError / DeliveryUnknown like `send`."""
+
+    async def end(self, pieces: int) -> list[str]:
+        """The final answer's `pieces` pieces are delivered: take away what is still shown
+        beyond them (a draft, a message the final text did not need). Returns the ids of the
+        messages removed."""
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """Optional: a channel that shows replies while they are written."""
+
+    def stream(
+        self, target: dict[str, Any], shown: Sequence[str | None] = ()
+    ) -> ReplyStream | None:
+        """A stream for one reply to `target`; None when this target cannot stream (the
+        reply is then sent as usual). `shown`: message ids a stream to this target left
+        behind (a crash mid-stream, in this or another process): the new stream takes them
+        over, so the final answer replaces the partial text instead of following it."""
 
 
 @runtime_checkable

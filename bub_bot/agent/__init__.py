@@ -3,6 +3,7 @@
 from .builtin import default_registry, summary_note
 from .loop import AUTO_HANDOFF_ANCHOR, Agent, TurnResult
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply, is_context_overflow
+from .streaming import Progress, ProgressCallback
 from .tools import Tool, ToolContext, ToolError, ToolRegistry
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "ModelClient",
     "ModelError",
     "ModelReply",
+    "Progress",
+    "ProgressCallback",
     "Tool",
     "ToolContext",
     "ToolError",

@@ -17,6 +17,7 @@ from ..tape.context import Selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
+from .streaming import Progress, ProgressCallback
 from .tools import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Agent:
         before_step: Callable[[int], Awaitable[None]] | None = None,
         turn_id: str = "",
         turn_start: int | None = None,
+        progress: ProgressCallback | None = None,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -86,6 +88,8 @@ class Agent:
         entries before the selector (the runtime holds back messages queued behind a
         command); `before_step(step)` runs before each model call. `turn_start`: the entry id
         after which this turn's user messages begin (default: the end of the tape).
+        `progress` sees each step as it is written (its text so far; the names of the tools
+        a step calls): the model streams when it is given.
         """
         workspace = workspace or self.settings.workspace
         started_turn = time.perf_counter()
@@ -125,7 +129,11 @@ class Agent:
                 *selector(entries),
             ]
             try:
-                reply = await self.model.complete(messages, self.tools.schemas(workspace))
+                schemas = self.tools.schemas(workspace)
+                if progress is None:
+                    reply = await self.model.complete(messages, schemas)
+                else:
+                    reply = await self.model.complete(messages, schemas, on_progress=progress)
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
@@ -235,6 +243,9 @@ class Agent:
                     written[0],
                 )
 
+            if progress is not None:
+                names = tuple(c["function"]["name"] for c in reply.tool_calls)
+                _tell(progress, Progress("tools", tools=names))
             step_entries = await self._run_tools(ctx, tape, reply)
             step_entries.append(run_event)
             step_entries.append(
@@ -334,6 +345,14 @@ async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
             continue
         copies.append(entry.copy_after_anchor())
     return copies
+
+
+def _tell(progress: ProgressCallback, event: Progress) -> None:
+    """Report progress; a watcher's failure never touches the turn."""
+    try:
+        progress(event)
+    except Exception:
+        log.exception("progress watcher failed")
 
 
 def _utf8_ok(text: str) -> bool:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import re
 import time
 import uuid
@@ -12,9 +15,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..config import DEFAULT_OPENAI_BASE_URL, Settings
 from ..secrets import Scrubber
+from .streaming import (
+    Assembler,
+    Progress,
+    ProgressCallback,
+    StreamBroken,
+    StreamErrorEvent,
+    events,
+)
 
 if TYPE_CHECKING:
     import openai
+
+log = logging.getLogger(__name__)
 
 # The openai SDK takes about a second to import; it is imported on the first model call so
 # `bub-bot serve` reports ready (and answers health checks) sooner.
@@ -44,6 +57,15 @@ class ContextOverflow(ModelError):
 
 class _Unusable(Exception):
     """A 200 answer that is not a chat completion; the text says what it was instead."""
+
+
+class _Fallback(Exception):
+    """A streamed request did not give an answer: ask once more without streaming.
+    `shown`: progress was reported, so the watcher must be told to reset."""
+
+    def __init__(self, reason: str, *, shown: bool) -> None:
+        super().__init__(reason)
+        self.shown = shown
 
 
 UNUSABLE_MESSAGE = (
@@ -88,6 +110,38 @@ def is_context_overflow(exc: BaseException) -> bool:
     if code == "context_length_exceeded" or type_ == "exceed_context_size_error":
         return True
     return bool(_OVERFLOW_TEXT.search(message) or _OVERFLOW_TEXT.search(str(exc.body)))
+
+
+def _is_overflow_error(error: Any) -> bool:
+    """The same judgement for an error object that came as an event inside a stream."""
+    if not isinstance(error, dict):
+        return bool(_OVERFLOW_TEXT.search(str(error)))
+    if error.get("code") == "context_length_exceeded":
+        return True
+    if error.get("type") == "exceed_context_size_error":
+        return True
+    return bool(_OVERFLOW_TEXT.search(str(error.get("message") or "")))
+
+
+_STREAM_WORDS = re.compile(r"\bstream(?:ing|_options)?\b", re.IGNORECASE)
+
+
+def _refuses_streaming(exc: openai.APIStatusError) -> bool:
+    """A 4xx that names `stream` / `stream_options`: the server does not stream (or not
+    with usage)."""
+    if exc.status_code not in (400, 404, 405, 422, 501):
+        return False
+    _, _, message = _error_fields(exc)
+    return bool(_STREAM_WORDS.search(message) or _STREAM_WORDS.search(str(exc.body)))
+
+
+def _decoded(raw: bytes) -> Any:
+    """A body read by hand: its JSON, else its text (for the same checks as a plain answer)."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +281,10 @@ class ModelClient:
         self._client = client
         self._scrub = Scrubber.for_settings(settings)
         """Provider texts and replies never carry a configured secret."""
+        self._stream_refused = False
+        """The server refused to stream (or ignored `stream`): not asked again."""
+        self._stream_usage = True
+        """Ask for usage in the last chunk (`stream_options`) until the server refuses it."""
 
     @property
     def client(self) -> openai.AsyncOpenAI:
@@ -255,8 +313,15 @@ class ModelClient:
         *,
         max_tokens: int | None = None,
         timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> ModelReply:
-        """One chat completion. Raises ContextOverflow or ModelError (never SDK exceptions)."""
+        """One chat completion. Raises ContextOverflow or ModelError (never SDK exceptions).
+
+        With `on_progress` (and BUB_STREAM on) the answer is streamed and `on_progress` sees
+        the text as it grows. A server that refuses to stream, or a stream that breaks, gets
+        one non-streamed request instead (after `Progress("reset")` if anything was shown);
+        a server that refused is not asked to stream again by this process.
+        """
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             body["tools"] = tools
@@ -264,9 +329,23 @@ class ModelClient:
         if limit:
             body["max_tokens"] = limit
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        client = self.client
-        import openai
+        if on_progress is not None and self.streaming:
+            try:
+                return await self._streamed(body, options, on_progress)
+            except _Fallback as exc:
+                log.warning("model.stream_fallback base_url=%s: %s", public_url(self.base_url), exc)
+                if exc.shown:
+                    on_progress(Progress("reset"))
+        return await self._plain(body, options)
 
+    @property
+    def streaming(self) -> bool:
+        """Whether steps with a watcher are streamed (BUB_STREAM, and the server did not
+        refuse)."""
+        return self._settings.stream and not self._stream_refused
+
+    async def _plain(self, body: dict[str, Any], options: dict[str, Any]) -> ModelReply:
+        client = self.client
         started = time.perf_counter()
         try:
             # The SDK's documented raw `post` (same auth, retries, Retry-After and error
@@ -277,47 +356,103 @@ class ModelClient:
             data = await client.post(
                 "/chat/completions", cast_to=object, body=body, options=options
             )
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        return self._reply(data, started)
+
+    async def _streamed(
+        self, body: dict[str, Any], options: dict[str, Any], on_progress: ProgressCallback
+    ) -> ModelReply:
+        """One streamed completion; raises _Fallback when a plain request should answer."""
+        client = self.client
+        import openai
+
+        streamed = {**body, "stream": True}
+        if self._stream_usage:
+            streamed["stream_options"] = {"include_usage": True}
+        started = time.perf_counter()
+        try:
+            stream = await client.post(
+                "/chat/completions",
+                cast_to=object,
+                body=streamed,
+                options=options,
+                stream=True,
+                stream_cls=openai.AsyncStream[object],
+            )
         except openai.APIStatusError as exc:
-            if is_context_overflow(exc):
-                _, _, message = _error_fields(exc)
-                raise ContextOverflow(
-                    self._scrub.text(message),
-                    "This message alone is too long for the model's context window, even"
-                    " after starting a fresh phase. Please send something shorter.",
-                ) from exc
-            raise ModelError(
-                self._scrub.text(
-                    f"model request failed: HTTP {exc.status_code}: {_error_fields(exc)[2]}"
-                ),
-                _status_message(exc.status_code),
-            ) from exc
-        except openai.APITimeoutError as exc:
-            if _dropped_connection(exc):
-                raise ModelError(
-                    f"cannot reach the model endpoint: {exc.__cause__}",
-                    "I could not reach the model service. Please try again in a moment.",
-                ) from exc
-            raise ModelError(
-                "model request timed out", "The model took too long to answer. Please try again."
-            ) from exc
-        except openai.APIConnectionError as exc:
-            raise ModelError(
-                f"cannot reach the model endpoint: {exc}",
-                "I could not reach the model service. Please try again in a moment.",
-            ) from exc
-        except (json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError):
-            # A body that says it is JSON and is not (the SDK's json() raised).
-            raise self._unusable("a body that is not valid JSON") from None
-        except Exception as exc:  # anything else from the SDK or its transport (e.g. aiohttp
-            # refuses user-info in the URL next to our Authorization header): never raw
-            raise ModelError(
-                self._scrub.text(
-                    f"model request to {public_url(self.base_url)} failed:"
-                    f" {type(exc).__name__}: {exc}"
-                ),
-                "The model request failed. The operator needs to check OPENAI_BASE_URL and the"
-                " logs.",
-            ) from exc
+            if not is_context_overflow(exc) and _refuses_streaming(exc):
+                message = _error_fields(exc)[2]
+                if "stream_options" in message or "include_usage" in message:
+                    self._stream_usage = False  # streams, but not with usage
+                else:
+                    self._stream_refused = True
+                raise _Fallback(
+                    self._scrub.text(f"HTTP {exc.status_code}: {message[:300]}"), shown=False
+                ) from None
+            raise self._failed(exc) from exc
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        response = stream.response
+        try:
+            if "text/event-stream" not in response.headers.get("content-type", ""):
+                # The server ignored `stream`: its answer is a whole completion (or is not
+                # one, which the same checks as a plain answer report).
+                self._stream_refused = True
+                log.info("model.stream_ignored base_url=%s", public_url(self.base_url))
+                return self._reply(_decoded(await response.aread()), started)
+            assembler = Assembler(self._scrub, on_progress)
+            try:
+                async for event, data in events(response.aiter_bytes()):
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise StreamBroken("a chunk that is not JSON") from None
+                    if event == "error":
+                        raise StreamErrorEvent(
+                            chunk.get("error", chunk) if isinstance(chunk, dict) else chunk
+                        )
+                    assembler.add(chunk)
+                parts = assembler.result()
+                calls = _tool_calls({"tool_calls": parts.tool_calls})
+            except StreamErrorEvent as exc:
+                if _is_overflow_error(exc.error):
+                    raise self._overflow(str(exc)) from None
+                raise _Fallback(
+                    self._scrub.text(f"an error event in the stream: {str(exc)[:300]}"),
+                    shown=assembler.shown,
+                ) from None
+            except (StreamBroken, _Unusable) as exc:
+                raise _Fallback(str(exc), shown=assembler.shown) from None
+            except (ModelError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
+                    # No data for the whole timeout: asking again would only wait as long.
+                    raise ModelError(
+                        "model stream timed out",
+                        "The model took too long to answer. Please try again.",
+                    ) from exc
+                # The connection broke mid-way.
+                raise _Fallback(
+                    f"the stream broke: {type(exc).__name__}", shown=assembler.shown
+                ) from None
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+        model = parts.model
+        return ModelReply(
+            content=parts.content,
+            tool_calls=calls,
+            usage=_usage(parts.usage),
+            model=model if isinstance(model, str) and model else self.model,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            finish_reason=parts.finish_reason,
+            extra={"streamed": True},
+        )
+
+    def _reply(self, data: Any, started: float) -> ModelReply:
+        """A ModelReply from a whole (non-streamed) answer, or the ModelError it deserves."""
         latency_ms = (time.perf_counter() - started) * 1000
         try:
             if isinstance(data, dict) and "choices" not in data and data.get("error"):
@@ -336,6 +471,54 @@ class ModelClient:
             model=model if isinstance(model, str) and model else self.model,
             latency_ms=latency_ms,
             finish_reason=finish if isinstance(finish, str) else None,
+        )
+
+    def _overflow(self, message: str) -> ContextOverflow:
+        return ContextOverflow(
+            self._scrub.text(message),
+            "This message alone is too long for the model's context window, even"
+            " after starting a fresh phase. Please send something shorter.",
+        )
+
+    def _failed(self, exc: Exception) -> ModelError:
+        """The ModelError for an exception of the SDK or its transport (never raw)."""
+        import openai
+
+        if isinstance(exc, openai.APIStatusError):
+            if is_context_overflow(exc):
+                return self._overflow(_error_fields(exc)[2])
+            return ModelError(
+                self._scrub.text(
+                    f"model request failed: HTTP {exc.status_code}: {_error_fields(exc)[2]}"
+                ),
+                _status_message(exc.status_code),
+            )
+        if isinstance(exc, openai.APITimeoutError):
+            if _dropped_connection(exc):
+                return ModelError(
+                    f"cannot reach the model endpoint: {exc.__cause__}",
+                    "I could not reach the model service. Please try again in a moment.",
+                )
+            return ModelError(
+                "model request timed out", "The model took too long to answer. Please try again."
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return ModelError(
+                f"cannot reach the model endpoint: {exc}",
+                "I could not reach the model service. Please try again in a moment.",
+            )
+        if isinstance(
+            exc, json.JSONDecodeError | UnicodeDecodeError | openai.APIResponseValidationError
+        ):
+            # A body that says it is JSON and is not (the SDK's json() raised).
+            return self._unusable("a body that is not valid JSON")
+        # Anything else from the SDK or its transport (e.g. aiohttp refuses user-info in the
+        # URL next to our Authorization header).
+        return ModelError(
+            self._scrub.text(
+                f"model request to {public_url(self.base_url)} failed: {type(exc).__name__}: {exc}"
+            ),
+            "The model request failed. The operator needs to check OPENAI_BASE_URL and the logs.",
         )
 
     def _unusable(self, what: str) -> ModelError:

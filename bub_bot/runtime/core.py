@@ -17,7 +17,7 @@ from typing import Any
 from channels.base import Channel, Inbound, Received
 
 from .. import commands
-from ..agent import Agent
+from ..agent import Agent, Progress
 from ..config import Settings
 from ..tape import BOOTSTRAP_ANCHOR, Tape, TapeEntry, TapeStore
 from .command_runner import CommandRunner
@@ -25,6 +25,7 @@ from .delivery import Delivery
 from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
 from .leases import LeaseKey, Leases, LocalLeases
 from .session import Session
+from .streaming import TurnStream, open_stream
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -62,7 +63,7 @@ class Runtime:
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
         self._moved: dict[str, str | None] = {}
         """Session ids that continue another session's tape (`move_session`); None: not."""
-        self.delivery = Delivery(self.channels, self._emit)
+        self.delivery = Delivery(self.channels, self._emit, settings)
         self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
 
     # -- observation ---------------------------------------------------------------------------
@@ -502,10 +503,23 @@ class Runtime:
 
         await self._carry_into_phase(session, messages, items)
 
+        # The reply is shown while it is written when the channel streams (streaming.py).
+        shown = TurnStream(
+            open_stream(channel, target, self.settings, items),
+            tape=session.tape,
+            turn_id=turn_id,
+            channel=channel_name,
+            settings=self.settings,
+            emit=self._emit,
+        )
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
         # The indicator stays on until the answer is delivered, not just computed.
         async with _safe(working, session.id):
-            reply, seen = await self._turn(session, turn_id, head, hold_back, channel_name)
+            async with shown:
+                progress = shown.progress if shown.live else None
+                reply, seen = await self._turn(
+                    session, turn_id, head, hold_back, channel_name, progress
+                )
             # Re-read what is pending now: messages that reached the model mid-turn are covered.
             items = await session.tape.query(
                 after_id=session.cursor or 0, kinds=["message", "event"]
@@ -517,7 +531,17 @@ class Runtime:
             pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
             through = covered(pending_now, reply, seen)
             source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
-            await self.delivery.finish(session, source, reply, through, fresh=True, turn=turn_id)
+            await self.delivery.finish(
+                session,
+                source,
+                reply,
+                through,
+                fresh=True,
+                stream=shown.stream,
+                on_sent=shown.visible,
+                adopt=False,
+                turn=turn_id,
+            )
         session.barrier = None
 
     async def _turn(
@@ -527,6 +551,7 @@ class Runtime:
         head: TapeEntry,
         hold_back: Callable[[list[TapeEntry]], list[TapeEntry]],
         channel_name: str,
+        progress: Callable[[Progress], None] | None = None,
     ) -> tuple[TapeEntry | None, int | None]:
         """Run the agent; returns the reply entry and the newest entry id the model saw.
 
@@ -539,6 +564,7 @@ class Runtime:
                 entry_filter=hold_back,
                 turn_id=turn_id,
                 turn_start=head.id - 1,
+                progress=progress,
             )
         except Exception as exc:
             log.exception("turn.failed session=%s turn=%s", session.id, turn_id)

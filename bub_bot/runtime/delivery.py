@@ -3,6 +3,10 @@
 The last piece's `reply.sent` and whatever must follow it (the `inbound.done` marker) are one
 write, so a restart resumes delivery at the first piece not yet recorded and never re-sends a
 piece whose fate is unknown.
+
+A streamed reply's pieces go through its `ReplyStream` first (the partial message becomes the
+piece); a delivery without one takes over the partial messages a crashed stream left in the
+session (`streaming.leftover`).
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from channels.base import Channel, DeliveryError, DeliveryUnknown
+from channels.base import Channel, DeliveryError, DeliveryUnknown, ReplyStream, Streams
 
+from ..config import Settings
 from ..tape import TapeEntry
 from .facts import DONE, REPLY_SENT, reply_text
 from .session import Session
+from .streaming import STREAM_EVENTS, closed_event, leftover, open_stream
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -23,9 +29,15 @@ log = logging.getLogger("bub_bot.runtime")
 class Delivery:
     """Sends replies through the running channels and records what happened to each piece."""
 
-    def __init__(self, channels: dict[str, Channel], emit: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        channels: dict[str, Channel],
+        emit: Callable[..., None],
+        settings: Settings | None = None,
+    ) -> None:
         self.channels = channels
         self._emit = emit
+        self.settings = settings
 
     async def finish(
         self,
@@ -35,12 +47,15 @@ class Delivery:
         through: int,
         *,
         fresh: bool,
+        stream: ReplyStream | None = None,
+        on_sent: Callable[[], None] | None = None,
+        adopt: bool = True,
         **data: Any,
     ) -> None:
         """Deliver `reply` and mark the inbound entries up to `through` as handled.
 
         A `fresh` reply has no pieces sent yet; otherwise the pieces already recorded are
-        skipped.
+        skipped. `stream`, `on_sent` and `adopt` are as for `send`.
         """
         done: set[int] = set()
         if not fresh:
@@ -55,7 +70,17 @@ class Delivery:
         marker = TapeEntry.event(
             DONE, {"through": through, "reply": reply.id, **data}, context=False
         )
-        await self.send(session, source, reply_text(reply), reply.id, skip=done, then=[marker])
+        await self.send(
+            session,
+            source,
+            reply_text(reply),
+            reply.id,
+            skip=done,
+            then=[marker],
+            stream=stream,
+            on_sent=on_sent,
+            adopt=adopt,
+        )
         session.cursor = through
 
     async def send(
@@ -66,9 +91,16 @@ class Delivery:
         reply_id: int | None,
         skip: set[int] | None = None,
         then: list[TapeEntry] | None = None,
+        stream: ReplyStream | None = None,
+        on_sent: Callable[[], None] | None = None,
+        adopt: bool = True,
     ) -> None:
         """Send `text` piece by piece, recording each; `then` is written with the last
-        piece's record (or after the last attempt when that piece was not sent)."""
+        piece's record (or after the last attempt when that piece was not sent).
+
+        `stream`: the reply's stream, which delivers the pieces it shows; without one (and
+        with `adopt`) partial messages a crashed stream left are taken over. `on_sent` is
+        called once the first piece is out."""
         then = list(then or [])
         channel_name = source.meta.get("channel", "")
         channel = self.channels.get(channel_name)
@@ -91,18 +123,27 @@ class Delivery:
             )
             return
         pieces = channel.split(text)
+        if stream is None and adopt and isinstance(channel, Streams):
+            stream = await self._adopt(session, channel, target)
         for index, piece in enumerate(pieces):
             if skip and index in skip:
                 continue
             last = index == len(pieces) - 1
+            held: list[str] = []
             try:
-                ids = await channel.send(target, piece)
+                ids = None
+                if stream is not None:
+                    slot = stream.shown[index] if index < len(stream.shown) else None
+                    held = [slot] if slot else []
+                    ids = await stream.deliver(index, piece)
+                if ids is None:
+                    ids = await channel.send(target, piece)
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
                 record = TapeEntry.event(
                     "reply.unknown",
-                    {"reply": reply_id, "chunk": index, "error": str(exc)},
+                    {"reply": reply_id, "chunk": index, "error": str(exc), "ids": held},
                     context=False,
                 )
                 self._emit("reply", channel=channel_name, outcome="unknown")
@@ -127,8 +168,39 @@ class Delivery:
                     context=False,
                 )
                 self._emit("reply", channel=channel_name, outcome="sent")
-            await session.tape.append_many([record, *(then if last else [])])
+                if on_sent is not None:
+                    on_sent()
+                    on_sent = None
+            extra: list[TapeEntry] = []
             if last:
+                extra = [*await self._end(session, stream, len(pieces), reply_id), *then]
                 then = []
+            await session.tape.append_many([record, *extra])
         if then:
-            await session.tape.append_many(then)
+            await session.tape.append_many(
+                [*await self._end(session, stream, len(pieces), reply_id), *then]
+            )
+
+    async def _adopt(
+        self, session: Session, channel: Channel, target: dict[str, Any]
+    ) -> ReplyStream | None:
+        """A stream over the partial messages a crashed stream left in this session."""
+        found = await session.tape.query(
+            after_id=session.cursor or 0, kinds=["event"], names=STREAM_EVENTS
+        )
+        if self.settings is None or not leftover(found):
+            return None
+        return open_stream(channel, target, self.settings, found)
+
+    async def _end(
+        self, session: Session, stream: ReplyStream | None, pieces: int, reply_id: int | None
+    ) -> list[TapeEntry]:
+        """Take away what the stream still shows beyond the answer; the record of it."""
+        if stream is None:
+            return []
+        try:
+            removed = await stream.end(pieces)
+        except Exception as exc:
+            log.warning("stream.end_failed session=%s: %s", session.id, exc)
+            return []
+        return [closed_event(reply_id, removed)] if removed else []

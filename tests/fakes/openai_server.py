@@ -10,6 +10,14 @@ Usage::
 
 Scripted replies are consumed FIFO; when the queue is empty ``fake.default(body)`` answers
 (built-in: ``echo: <last user message>``).
+
+Streaming: a request with ``stream: true`` gets server-sent events (word by word, usage in
+the last chunk when ``stream_options.include_usage`` asks). ``streamed(reply, chunks=20,
+seconds=4)`` paces a reply's text over time; ``broken(reply, after=3)`` drops the connection
+mid-stream; ``stream_error(body, after=2)`` ends the stream with an error event;
+``fake.refuse_stream = "400" | "stream_options" | "json"`` makes the server refuse streaming
+(a 400 naming ``stream``, a 400 naming ``stream_options``, or a plain JSON answer). Every
+streamed response is logged in ``fake.streams`` with the times its chunks went out.
 """
 
 from __future__ import annotations
@@ -88,7 +96,42 @@ class DropReply:
     """Close the connection without sending any response."""
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | RawReply | SlowReply | DropReply
+@dataclass
+class StreamPlan:
+    """How a streamed answer goes out (a plain request gets ``reply`` as usual).
+
+    ``chunks``: the text in this many pieces (None: word by word); ``seconds``: spread over
+    this long; ``reasoning``: ``reasoning_content`` deltas first; ``break_after``: drop the
+    connection after this many chunks; ``error``: after ``break_after`` chunks (or all of
+    them) send this error object as an event instead of finishing."""
+
+    reply: TextReply | ToolCallsReply
+    chunks: int | None = None
+    seconds: float = 0.0
+    reasoning: str | None = None
+    break_after: int | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class StreamLog:
+    """One streamed response: when each chunk with text or a tool call went out
+    (``time.monotonic()``), and the text so far after each."""
+
+    times: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    completed: bool = False
+
+    @property
+    def first(self) -> float:
+        return self.times[0]
+
+    @property
+    def last(self) -> float:
+        return self.times[-1]
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | RawReply | SlowReply | DropReply | StreamPlan
 
 
 def text(content: str, usage: dict[str, Any] | None = None) -> TextReply:
@@ -168,6 +211,33 @@ def slow(reply: Reply, seconds: float) -> SlowReply:
 def drop() -> DropReply:
     """Close the connection without a response (client sees a connection error)."""
     return DropReply()
+
+
+def streamed(
+    reply: TextReply | ToolCallsReply,
+    chunks: int | None = None,
+    seconds: float = 0.0,
+    reasoning: str | None = None,
+) -> StreamPlan:
+    """Stream ``reply`` in ``chunks`` pieces spread over ``seconds`` (to a plain request:
+    ``reply`` as usual)."""
+    return StreamPlan(reply, chunks, seconds, reasoning)
+
+
+def broken(
+    reply: TextReply | ToolCallsReply, after: int = 3, chunks: int | None = None
+) -> StreamPlan:
+    """A stream that drops the connection after ``after`` chunks."""
+    return StreamPlan(reply, chunks, break_after=after)
+
+
+def stream_error(
+    body: dict[str, Any], after: int = 0, reply: TextReply | ToolCallsReply | None = None
+) -> StreamPlan:
+    """A stream that sends ``after`` chunks of ``reply`` and then the error event ``body``
+    (an ``{"error": {...}}`` object, e.g. ``overflow_openai().body``)."""
+    error = body.get("error", body)
+    return StreamPlan(reply or text(""), None, break_after=after, error=error)
 
 
 def overflow_openai() -> ErrorReply:
@@ -279,6 +349,9 @@ class FakeOpenAI:
         self.auth_key = auth_key
         self.latency = latency
         self.requests: list[Recorded] = []
+        self.streams: list[StreamLog] = []
+        self.refuse_stream: str | None = None
+        """None, "400", "stream_options" (a 400 when it is present) or "json" (ignore)."""
         self.default: Callable[[dict[str, Any]], Reply] = echo_default
         self.base_url = ""
         self._queue: deque[Reply] = deque()
@@ -359,10 +432,25 @@ class FakeOpenAI:
             )
         if self.latency:
             await asyncio.sleep(self.latency)
+        wants_stream = bool(body.get("stream"))
+        if wants_stream and self.refuse_stream in ("400", "stream_options"):
+            if self.refuse_stream == "400":
+                msg = "stream is not supported by this server"
+                return web.json_response(
+                    _err(msg, "invalid_request_error", None, "stream"), status=400
+                )
+            if "stream_options" in body:
+                msg = "Unrecognized request argument supplied: stream_options"
+                return web.json_response(_err(msg, "invalid_request_error", None), status=400)
+        if self.refuse_stream == "json":
+            wants_stream = False
         reply = self._queue.popleft() if self._queue else self.default(body)
         while isinstance(reply, SlowReply):
             await asyncio.sleep(reply.seconds)
             reply = reply.reply
+        plan = reply if isinstance(reply, StreamPlan) else None
+        if plan is not None:
+            reply = plan.reply
         if isinstance(reply, DropReply):
             assert request.transport is not None
             request.transport.abort()
@@ -390,8 +478,8 @@ class FakeOpenAI:
             "created": int(time.time()),
             "model": model,
         }
-        if body.get("stream"):
-            return await self._stream(request, head, message, finish, usage)
+        if wants_stream:
+            return await self._stream(request, head, message, finish, usage, plan)
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return web.json_response(
             {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
@@ -421,29 +509,65 @@ class FakeOpenAI:
         message: dict[str, Any],
         finish: str,
         usage: dict[str, Any],
+        plan: StreamPlan | None = None,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         with_usage = bool((request[_BODY].get("stream_options") or {}).get("include_usage"))
         extra = {"usage": None} if with_usage else {}
-        for delta, fin in _deltas(message, finish):
+        deltas = list(_deltas(message, finish, plan.chunks if plan else None))
+        if plan is not None and plan.reasoning:
+            thoughts = [{"reasoning_content": w} for w in re.findall(r"\S+\s*", plan.reasoning)]
+            deltas[1:1] = [(d, None) for d in thoughts]
+        log = StreamLog()
+        self.streams.append(log)
+        pause = plan.seconds / max(1, len(deltas) - 1) if plan and plan.seconds else 0.0
+        sent_text = ""
+        for n, (delta, fin) in enumerate(deltas):
+            if plan is not None and plan.break_after is not None and n >= plan.break_after:
+                if plan.error is not None:
+                    await resp.write(f"data: {json.dumps({'error': plan.error})}\n\n".encode())
+                    await resp.write_eof()
+                    return resp
+                assert request.transport is not None
+                request.transport.abort()
+                raise asyncio.CancelledError  # the client sees the connection drop
+            if pause and n:
+                await asyncio.sleep(pause)
             choice = {"index": 0, "delta": delta, "finish_reason": fin, "logprobs": None}
             chunk = {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if delta.get("content") or delta.get("tool_calls"):
+                sent_text += delta.get("content") or ""
+                log.times.append(time.monotonic())
+                log.texts.append(sent_text)
+        if plan is not None and plan.error is not None:
+            await resp.write(f"data: {json.dumps({'error': plan.error})}\n\n".encode())
+            await resp.write_eof()
+            return resp
         if with_usage:
             chunk = {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+        log.completed = True
         return resp
 
 
-def _deltas(message: dict[str, Any], finish: str) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """Split a full assistant message into streaming deltas, as OpenAI does."""
+def _deltas(
+    message: dict[str, Any], finish: str, chunks: int | None = None
+) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """Split a full assistant message into streaming deltas, as OpenAI does (the text word by
+    word, or in ``chunks`` pieces of about equal length)."""
     content = message.get("content")
     calls = message.get("tool_calls", [])
     yield {"role": "assistant", "content": "" if content is not None or not calls else None}, None
-    for piece in re.findall(r"\S+\s*|\s+", content or ""):
+    if chunks and content:
+        size = -(-len(content) // chunks)
+        pieces = [content[i : i + size] for i in range(0, len(content), size)]
+    else:
+        pieces = re.findall(r"\S+\s*|\s+", content or "")
+    for piece in pieces:
         yield {"content": piece}, None
     for i, tc in enumerate(calls):
         fn = tc["function"]

@@ -1,0 +1,300 @@
+"""A streamed chat completion: server-sent events in, one `ModelReply`'s parts out.
+
+The model client asks for `stream: true` when someone watches the step (the runtime, to show
+the answer while it is written). This module reads the event stream itself (no SDK object per
+chunk) and assembles what a non-streamed answer would have held: the text, the tool calls
+(ids, names and argument fragments arrive by `index`), usage and the finish reason.
+
+What is reported while the text grows (`Progress`) has already passed the secret scrubber:
+a secret can be split across deltas, so the tail that could be the start of a secret is held
+back until the next delta shows it is not (`ScrubbedText`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..secrets import Scrubber
+
+log = logging.getLogger(__name__)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What one model step has produced so far, for showing it while it is written.
+
+    `text`: the answer text of the step so far (scrubbed, cut at a safe point).
+    `tools`: the step calls these tools (the text of such a step is not the answer).
+    `thinking`: the model is reasoning (nothing to show; the working indicator stays).
+    `reset`: what was shown for this step is void (a fallback request answers it again).
+    """
+
+    kind: Literal["text", "tools", "thinking", "reset"]
+    text: str = ""
+    tools: tuple[str, ...] = ()
+
+
+ProgressCallback = Callable[[Progress], None]
+"""Called synchronously for every change; must be cheap (it runs once per delta)."""
+
+
+class StreamBroken(Exception):
+    """The stream ended without a finish, or sent something that is no chunk: the step falls
+    back to a non-streamed request."""
+
+
+class StreamErrorEvent(Exception):
+    """An error event inside the stream; `error` is its error object."""
+
+    def __init__(self, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else error
+        super().__init__(message if isinstance(message, str) else json.dumps(message))
+        self.error = error
+
+
+class ScrubbedText:
+    """The text of a stream as it grows, with configured secrets replaced.
+
+    Everything but a held-back tail is scrubbed and final: the tail is the longest end of the
+    text that is the beginning of a secret, so a secret split across deltas is still found
+    whole. `text` is what may be shown now; `finish()` releases the tail.
+    """
+
+    __slots__ = ("_firsts", "_longest", "_scrub", "_tail", "text")
+
+    def __init__(self, scrub: Scrubber) -> None:
+        self._scrub = scrub
+        self._tail = ""
+        self.text = ""
+        self._longest = max((len(s) for s in scrub.secrets), default=0)
+        self._firsts = frozenset(s[0] for s in scrub.secrets)
+
+    def add(self, delta: str) -> bool:
+        """Append a delta; True when `text` changed."""
+        if not self._scrub:
+            self.text += delta
+            return bool(delta)
+        pending = self._tail + delta
+        keep = self._held(pending)
+        head = pending[: len(pending) - keep]
+        self._tail = pending[len(pending) - keep :]
+        if head:
+            self.text += self._scrub.text(head)
+        return bool(head)
+
+    def finish(self) -> str:
+        """The whole text (the held-back tail included)."""
+        if self._tail:
+            self.text += self._scrub.text(self._tail)
+            self._tail = ""
+        return self.text
+
+    def _held(self, text: str) -> int:
+        """Length of the longest end of `text` that is a proper beginning of a secret."""
+        start = max(0, len(text) - self._longest + 1)
+        for i in range(start, len(text)):
+            if text[i] in self._firsts:
+                end = text[i:]
+                if any(len(s) > len(end) and s.startswith(end) for s in self._scrub.secrets):
+                    return len(text) - i
+        return 0
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Assembled:
+    """The parts of a streamed completion, as a non-streamed answer would carry them."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]
+    usage: Any
+    model: Any
+    finish_reason: str | None
+
+
+class Assembler:
+    """Collects the chunks of one streamed completion and reports progress."""
+
+    def __init__(self, scrub: Scrubber, on_progress: ProgressCallback) -> None:
+        self.text = ScrubbedText(scrub)
+        self.on_progress = on_progress
+        self.calls: dict[int, _Call] = {}
+        self.usage: Any = None
+        self.model: Any = None
+        self.finish_reason: str | None = None
+        self.chunks = 0
+        self.shown = False
+        """Something was reported (a fallback must then say `reset`)."""
+        self._thinking = False
+        self._surrogates = False
+
+    def add(self, chunk: Any) -> None:
+        """One parsed `data:` payload; raises StreamBroken / StreamErrorEvent."""
+        if not isinstance(chunk, dict):
+            raise StreamBroken(f"a chunk that is a {type(chunk).__name__}")
+        if chunk.get("error") and not chunk.get("choices"):
+            raise StreamErrorEvent(chunk["error"])
+        self.chunks += 1
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            self.model = chunk["model"]
+        choices = chunk.get("choices")
+        if not choices:
+            return  # the usage chunk (or a keep-alive)
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise StreamBroken("choices that are not a list of objects")
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str) and finish:
+            self.finish_reason = finish
+        delta = choice.get("delta")
+        if delta is None:
+            return
+        if not isinstance(delta, dict):
+            raise StreamBroken("a delta that is not an object")
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            if not self._surrogates and _SURROGATE.search(content):
+                self._surrogates = True
+            if self.text.add(content) and not self.calls:
+                self._report(Progress("text", self._shown_text()))
+        elif isinstance(content, list):  # content parts, as some servers send them
+            parts = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if parts and self.text.add(parts) and not self.calls:
+                self._report(Progress("text", self._shown_text()))
+        elif not self._thinking and not self.text.text and _reasoning(delta):
+            self._thinking = True
+            self._report(Progress("thinking"))
+        calls = delta.get("tool_calls")
+        if calls:
+            self._add_calls(calls)
+
+    def _shown_text(self) -> str:
+        text = self.text.text
+        if self._surrogates:
+            # Halves of a pair split across two JSON strings: join them; a trailing high
+            # half waits for its partner.
+            if "\ud800" <= text[-1:] <= "\udbff":
+                text = text[:-1]
+            text = _join_surrogates(text)
+        return text
+
+    def _add_calls(self, calls: Any) -> None:
+        if not isinstance(calls, list):
+            raise StreamBroken("tool_calls that are not a list")
+        named = len([c for c in self.calls.values() if c.name])
+        for raw in calls:
+            if not isinstance(raw, dict):
+                raise StreamBroken("a tool call delta that is not an object")
+            index = raw.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                # No index: a new call when it has an id we have not seen, else the last one.
+                known = {c.id: i for i, c in self.calls.items()}
+                index = known.get(raw.get("id") or "", None)
+                if index is None:
+                    index = len(self.calls) if raw.get("id") or not self.calls else max(self.calls)
+            call = self.calls.setdefault(index, _Call())
+            if isinstance(raw.get("id"), str) and raw["id"] and not call.id:
+                call.id = raw["id"]
+            function = raw.get("function") or {}
+            if not isinstance(function, dict):
+                raise StreamBroken("a tool call function that is not an object")
+            name = function.get("name")
+            if isinstance(name, str) and name and name != call.name:
+                # Some servers repeat the whole name in every delta, others send it once.
+                call.name = name if not call.name else call.name + name
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                call.arguments.append(arguments)
+            elif arguments is not None:
+                call.arguments.append(json.dumps(arguments))
+        names = tuple(c.name for _, c in sorted(self.calls.items()) if c.name)
+        if len(names) > named:
+            self._report(Progress("tools", tools=names))
+
+    def _report(self, progress: Progress) -> None:
+        self.shown = True
+        try:
+            self.on_progress(progress)
+        except Exception:  # a watcher's failure never breaks the answer
+            log.exception("progress watcher failed")
+
+    def result(self) -> Assembled:
+        """The completion's parts; raises StreamBroken when the stream never finished."""
+        if self.finish_reason is None:
+            raise StreamBroken(f"the stream ended after {self.chunks} chunks without a finish")
+        content = self.text.finish()
+        if self._surrogates:
+            content = _join_surrogates(content)
+        calls = [
+            {
+                "id": c.id or None,
+                "type": "function",
+                "function": {"name": c.name, "arguments": "".join(c.arguments)},
+            }
+            for _, c in sorted(self.calls.items())
+        ]
+        return Assembled(content, calls, self.usage, self.model, self.finish_reason)
+
+
+def _join_surrogates(text: str) -> str:
+    """A surrogate pair split across two JSON strings arrives as two lone halves: join them
+    (a half without its partner becomes U+FFFD, which the tape can store)."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _reasoning(delta: dict[str, Any]) -> bool:
+    for key in ("reasoning_content", "reasoning"):
+        value = delta.get(key)
+        if isinstance(value, str) and value:
+            return True
+    return False
+
+
+async def events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
+    """Server-sent events as (event name, data) from a byte stream; stops at `[DONE]`."""
+    buffer = b""
+    event = ""
+    data: list[str] = []
+    async for block in chunks:
+        buffer += block
+        while True:
+            cut = buffer.find(b"\n")
+            if cut < 0:
+                break
+            line = buffer[:cut].rstrip(b"\r").decode("utf-8", "replace")
+            buffer = buffer[cut + 1 :]
+            if not line:
+                if data:
+                    payload = "\n".join(data)
+                    if payload.strip() == "[DONE]":
+                        return
+                    yield event, payload
+                event, data = "", []
+                continue
+            if line.startswith(":"):
+                continue  # a comment (keep-alive)
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                data.append(value)
+            elif name == "event":
+                event = value
+    if data:
+        payload = "\n".join(data)
+        if payload.strip() != "[DONE]":
+            yield event, payload

@@ -1,0 +1,258 @@
+"""Streaming a reply while the model writes it: progress from the agent -> throttled updates
+of the channel's `ReplyStream`, and what becomes visible recorded on the tape.
+
+The model reports every delta (`Progress`); a `TurnStream` keeps only the newest and one pump
+task hands it to the channel at most once per interval per conversation (the first one at
+once). Nothing partial is ever recorded as delivered: the final answer is written to the tape
+and delivered as before, through the stream (`Delivery.send(stream=...)`), so the partial
+message becomes the answer.
+
+Crash safety: the platform ids of every message that shows partial text are recorded
+(`stream.shown`, context=False) as soon as the channel reports them. Ids that later hold a
+final piece appear in `reply.sent` / `reply.unknown`, ids the final answer did not need in
+`stream.closed`. Whatever is left open after a crash is taken over by the next delivery to
+the session (`leftover`), which edits it into the answer: never two answers, never one lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from channels.base import Channel, ReplyStream, Streams
+
+from ..agent import Progress
+from ..config import Settings
+from ..tape import Tape, TapeEntry
+from .facts import REPLY_SENT
+
+log = logging.getLogger("bub_bot.runtime")
+
+SHOWN = "stream.shown"
+CLOSED = "stream.closed"
+STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, "reply.unknown"]
+HELD_RETRY = 0.25
+"""Seconds before a text the channel held back (too little to post yet) is offered again."""
+MAX_FAILURES = 3
+"""Updates that may fail in one turn before the turn stops streaming (the answer still
+comes, as a whole)."""
+
+
+def leftover(entries: list[TapeEntry]) -> list[str | None]:
+    """The messages a stream left showing partial text (a crash mid-stream), by slot: the
+    newest `stream.shown` with the ids that have since been closed set to None; [] when
+    none is open."""
+    newest: list[Any] | None = None
+    closed: set[str] = set()
+    for entry in entries:
+        if entry.kind != "event":
+            continue
+        name = entry.payload.get("name")
+        data = entry.payload.get("data") or {}
+        if name == SHOWN:
+            newest = data.get("ids")
+        elif name in (REPLY_SENT, "reply.unknown", CLOSED):
+            closed.update(str(i) for i in data.get("ids") or ())
+    if not isinstance(newest, list):
+        return []
+    slots = [i if isinstance(i, str) and i and i not in closed else None for i in newest]
+    return slots if any(slots) else []
+
+
+def closed_event(reply: int | None, ids: list[str]) -> TapeEntry:
+    """The record of stream messages the final answer did not need (they were removed)."""
+    return TapeEntry.event(CLOSED, {"reply": reply, "ids": ids}, context=False)
+
+
+def open_stream(
+    channel: Channel | None,
+    target: dict[str, Any],
+    settings: Settings,
+    entries: list[TapeEntry],
+) -> ReplyStream | None:
+    """The channel's stream for one reply, if it streams (BUB_STREAM) or has partial
+    messages to take over (found in `entries`, the session's entries after its cursor);
+    None otherwise."""
+    if channel is None or not isinstance(channel, Streams):
+        return None
+    shown = leftover(entries)
+    if shown:
+        log.info("stream.adopt channel=%s ids=%s", channel.name, [i for i in shown if i])
+    if not settings.stream and not shown:
+        return None
+    try:
+        return channel.stream(target, shown)
+    except Exception:
+        log.exception("stream.open_failed channel=%s", channel.name)
+        return None
+
+
+def status_text(tools: tuple[str, ...]) -> str:
+    """What the bot is doing, from the tools a step calls."""
+    names = list(dict.fromkeys(tools))
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"using {shown}…"
+
+
+class TurnStream:
+    """One turn's reply, shown while it is written (see the module).
+
+    Use as `async with`; `progress` is the agent's callback; `settle()` stops the updates
+    before the final delivery; `visible()` marks the first text the user saw (also for a
+    turn that did not stream: its first delivered piece)."""
+
+    def __init__(
+        self,
+        stream: ReplyStream | None,
+        *,
+        tape: Tape,
+        turn_id: str,
+        channel: str,
+        settings: Settings,
+        emit: Callable[..., None],
+    ) -> None:
+        self.stream = stream
+        self.live = stream is not None and settings.stream
+        """Progress goes to the channel (False: the stream only delivers the final answer)."""
+        self.tape = tape
+        self.turn_id = turn_id
+        self.channel = channel
+        self._emit = emit
+        self.started = time.perf_counter()
+        self.first_visible: float | None = None
+        configured = settings.stream_interval_ms
+        default = getattr(stream, "interval", 1.0) if stream is not None else 1.0
+        self.interval = configured / 1000 if configured is not None else float(default)
+        self.updates = 0
+        self._pending: Progress | None = None
+        self._wake = asyncio.Event()
+        self._next = 0.0
+        self._closed = not self.live
+        self._failures = 0
+        self._recorded: list[str | None] = list(stream.shown) if stream is not None else []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> TurnStream:
+        if self.live:
+            self._task = asyncio.get_running_loop().create_task(
+                self._pump(), name=f"stream:{self.turn_id}"
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.settle()
+
+    # -- from the agent (synchronous, once per delta) -----------------------------------------
+    def progress(self, event: Progress) -> None:
+        """The newest progress of the turn replaces any not yet shown."""
+        if self._closed or event.kind == "thinking":
+            return  # thinking: the working indicator says enough
+        self._pending = event
+        self._wake.set()
+
+    # -- the pump -----------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            delay = self._next - loop.time()
+            if delay > 0:
+                # settle() wakes us early; new progress just replaces `_pending`.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing(), delay)
+            if self._closed:
+                return
+            event, self._pending = self._pending, None
+            if event is None:
+                continue
+            held = await self._apply(event)
+            self._next = loop.time() + (min(self.interval, HELD_RETRY) if held else self.interval)
+            if held and self._pending is None:
+                self._pending = event
+            if self._pending is not None:
+                self._wake.set()
+            await self._record()
+
+    async def _closing(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+
+    async def _apply(self, event: Progress) -> bool:
+        """Hand one change to the channel; True when it held the text back."""
+        assert self.stream is not None
+        try:
+            if event.kind == "text":
+                if not event.text.strip():
+                    return False
+                shown = await self.stream.update(event.text)
+                if not shown:
+                    return True
+                self.updates += 1
+                self.visible(streamed=True)
+            elif event.kind == "tools":
+                await self.stream.status(status_text(event.tools))
+            elif event.kind == "reset":
+                await self.stream.reset()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failures += 1
+            log.warning(
+                "stream.update_failed channel=%s turn=%s (%d): %s",
+                self.channel,
+                self.turn_id,
+                self._failures,
+                exc,
+            )
+            if self._failures >= MAX_FAILURES:
+                log.warning("stream.stopped channel=%s turn=%s", self.channel, self.turn_id)
+                self._closed = True
+        return False
+
+    async def _record(self) -> None:
+        """Write the ids of newly visible partial messages to the tape (for a crash)."""
+        if self.stream is None:
+            return
+        shown = list(self.stream.shown)
+        if shown == self._recorded:
+            return
+        self._recorded = shown
+        try:
+            await self.tape.append(
+                TapeEntry.event(SHOWN, {"turn": self.turn_id, "ids": shown}, context=False)
+            )
+        except Exception:
+            log.exception("stream.record_failed turn=%s", self.turn_id)
+
+    async def settle(self) -> None:
+        """Stop updating (an update in flight finishes first) and record what it showed."""
+        if self._task is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._wake.set()
+        task, self._task = self._task, None
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        except Exception:
+            log.exception("stream.pump_failed turn=%s", self.turn_id)
+        await self._record()
+
+    # -- what the user saw ----------------------------------------------------------------------
+    def visible(self, *, streamed: bool = False) -> None:
+        """The user sees text of the answer now (reported once per turn, for the metric)."""
+        if self.first_visible is not None:
+            return
+        self.first_visible = time.perf_counter() - self.started
+        self._emit(
+            "first_text", channel=self.channel, seconds=self.first_visible, streamed=streamed
+        )
