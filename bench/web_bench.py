@@ -53,6 +53,12 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -175,7 +181,9 @@ async def main(args: argparse.Namespace) -> None:
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector) as http:
                 chat = WebChat(http, base, TOKEN)
+                cpu_before = cpu_seconds(proc.pid)
                 res = await chat_bench(chat, args.conversations, args.messages)
+                server_cpu = cpu_seconds(proc.pid) - cpu_before
                 ideal = args.messages * args.latency
                 total = args.conversations * args.messages
                 print(
@@ -188,6 +196,10 @@ async def main(args: argparse.Namespace) -> None:
                 a, p = res["answer_ms"], res["post_ms"]
                 print(f"  POST -> answer event p50 {pct(a, 50):.0f} ms   p99 {pct(a, 99):.0f} ms")
                 print(f"  POST acknowledged    p50 {pct(p, 50):.1f} ms   p99 {pct(p, 99):.1f} ms")
+                print(
+                    f"  serve CPU            {server_cpu * 1000 / total:.2f} ms per message"
+                    f" ({server_cpu:.2f} s, event streams opened and read included)"
+                )
 
                 print(f"\nviewer: tape of {args.entries} entries, median of {args.repeat} requests")
                 views = [

@@ -157,7 +157,10 @@ class BotServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        # A wildcard address is not something to open in a browser: show loopback.
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(self.host, self.host)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 address in a URL
         return f"http://{host}:{self.port}"
 
     def _build(self) -> web.Application:

@@ -248,6 +248,26 @@ async def test_the_event_stream_shows_the_answer_working_and_resumes(
     assert not any("question one" in i["html"] for i in snap["items"])
 
 
+async def test_the_conversation_list_shows_web_conversations_newest_first(web) -> None:
+    w = await web()
+    chat = w.chat
+    first, second = await chat.new_conversation(), await chat.new_conversation()
+    assert first != second
+    await chat.post(first, "the  first\nconversation")
+    await w.idle(first)
+    await chat.post(second, "/handoff the second one")
+    await chat.post(second, "hello again")
+    await w.idle(second)
+    other = Tape.for_session(w.bot.store, "cli:local", w.bot.settings.workspace)
+    await other.append_message({"role": "user", "content": "not a web conversation"})
+    status, listing = await chat.get_json("/api/conversations")
+    assert status == 200 and listing["model_configured"] is True
+    rows = listing["conversations"]
+    assert [r["id"] for r in rows] == [second, first]
+    # titles: the first message a person sent (not a command, not a handoff summary)
+    assert [r["title"] for r in rows] == ["hello again", "the first conversation"]
+
+
 async def test_commands_work_from_the_web(web, fake_openai) -> None:
     w = await web()
     chat = w.chat

@@ -120,10 +120,11 @@ class ChatRoutes:
                 break
         found = []
         for row in rows:
-            first = await store.query(row.name, kinds=["message"], names=["user"], limit=1)
+            users = await store.query(row.name, kinds=["message"], names=["user"], limit=5)
+            first = next((e for e in users if e.meta.get("inbound")), None)  # not a summary
             title = ""
-            if first:
-                content = first[0].payload.get("content")
+            if first is not None:
+                content = first.payload.get("content")
                 title = content if isinstance(content, str) else "(image)"
             found.append(
                 {
