@@ -16,6 +16,8 @@ previous answer arrived).
    anchor" is the whole tape) written before the server starts; time to answer its default
    view and one page of "all" (newest, and one from the middle), as HTML and JSON
    (target <= 50 ms for the default view).
+
+BENCH_PROFILE=/tmp/serve.prof runs `serve` under cProfile (read it with pstats).
 """
 
 from __future__ import annotations
