@@ -8,9 +8,10 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .config import ConfigError, Settings, load_settings
-from .tape import SQLiteTapeStore, TapeStoreError, tape_name
+from .tape import TapeEntry, TapeStore, TapeStoreError, open_store, parse_database_url, tape_name
 
 log = logging.getLogger("bub_bot")
 
@@ -40,7 +41,36 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--limit", type=int, default=None)
     export = tsub.add_parser("export", help="a tape as JSONL on stdout")
     export.add_argument("tape")
+    copy = tsub.add_parser(
+        "copy",
+        help="copy every tape (sidecars, archives, dedupe keys) into another database",
+        description="Copy every tape from one database to another, ids and dates as they"
+        " are; a second run copies nothing. Stop bub-bot serve first.",
+    )
+    copy.add_argument(
+        "--from",
+        dest="source",
+        type=_database_url,
+        default=None,
+        help="database URL or SQLite path to copy from (default: the configured database)",
+    )
+    copy.add_argument(
+        "--to",
+        dest="destination",
+        type=_database_url,
+        required=True,
+        help="database URL to copy into, e.g. postgresql://user:password@host:5432/db",
+    )
     return parser
+
+
+def _database_url(value: str) -> str:
+    """argparse type: a database URL that parses (the usage line says what is wrong)."""
+    try:
+        parse_database_url(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +124,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tapes(args: argparse.Namespace, settings: Settings) -> int:
-    async with await SQLiteTapeStore.open(settings.database_path) as store:
+    if args.tapes_command == "copy":
+        return await _copy(args.source or settings.database, args.destination, settings)
+    async with open_store(settings) as store:
         if args.tapes_command == "list":
             rows = await store.list_tapes(include_all=args.all)
             if not rows:
@@ -113,8 +145,10 @@ async def _tapes(args: argparse.Namespace, settings: Settings) -> int:
             print(f"bub-bot: no tape or session named {args.tape!r}", file=sys.stderr)
             return 1
         if args.tapes_command == "export":
-            for entry in await store.query(name):
-                sys.stdout.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
+            after = 0
+            while page := await store.query(name, after_id=after, limit=1000):
+                sys.stdout.write("".join(_export_line(entry) for entry in page))
+                after = page[-1].id
             return 0
         kinds = [k.strip() for k in args.kinds.split(",")] if args.kinds else None
         entries = await store.query(
@@ -125,7 +159,56 @@ async def _tapes(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
 
-async def _resolve_tape(store: SQLiteTapeStore, ref: str, settings: Settings) -> str | None:
+def _export_line(entry: TapeEntry) -> str:
+    line = json.dumps(entry.to_json(), ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: escaped, as the store keeps them
+        line = json.dumps(entry.to_json(), ensure_ascii=True)
+    return line + "\n"
+
+
+async def _copy(source_url: str, destination_url: str, settings: Settings) -> int:
+    """`bub-bot tapes copy`: every tape, one progress line each; 1 if any tape failed."""
+    source, destination = parse_database_url(source_url), parse_database_url(destination_url)
+    if (source.kind, _same_place(source.target)) == (
+        destination.kind,
+        _same_place(destination.target),
+    ):
+        print("bub-bot: --from and --to name the same database", file=sys.stderr)
+        return 2
+    from .tape.copy import copy_tapes
+
+    size = settings.database_pool_size
+    async with (
+        open_store(source_url, pool_size=size) as src,
+        open_store(destination_url, pool_size=size) as dst,
+    ):
+        print(f"copying tapes from {src.location} to {dst.location}", flush=True)
+        report = await copy_tapes(src, dst, progress=lambda line: print(line, flush=True))
+    print(
+        f"{report.tapes} tapes, {report.entries:,} entries and {report.dedupe_keys:,} dedupe"
+        " keys copied; entry counts verified"
+        + (f"; {len(report.failed)} tape(s) NOT copied" if report.failed else "")
+    )
+    if report.failed:
+        print(
+            f"bub-bot: not copied (the destination holds other data under these names):"
+            f" {', '.join(report.failed)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _same_place(target: str) -> str:
+    """A SQLite path resolved, a PostgreSQL URL as given: equal when they are one database."""
+    if "://" in target:
+        return target
+    return str(Path(target).expanduser().resolve())
+
+
+async def _resolve_tape(store: TapeStore, ref: str, settings: Settings) -> str | None:
     rows = await store.list_tapes(include_all=True)
     names = {r.name for r in rows}
     if ref in names:

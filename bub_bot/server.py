@@ -65,6 +65,12 @@ class Bot:
     async def open(cls, settings: Settings, channels: list[Channel] | None = None) -> Bot:
         """Open the database and build the agent and runtime (channels are not started)."""
         store = await open_store(settings)
+        log.info(
+            "store.opened kind=%s at=%s schema=v%d",
+            store.kind,
+            store.location,
+            store.schema_version,
+        )
         try:  # the default workspace ($BUB_HOME/workspace) starts empty; MCP servers run in it
             settings.workspace.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

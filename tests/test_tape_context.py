@@ -1,4 +1,5 @@
-"""Context selection: tape entries -> OpenAI messages, through a real SQLite tape."""
+"""Context selection: tape entries -> OpenAI messages, through real SQLite and PostgreSQL
+tapes."""
 
 from __future__ import annotations
 
@@ -9,21 +10,18 @@ from typing import Any
 import pytest
 
 from bub_bot.tape import (
-    SQLiteTapeStore,
     Tape,
     TapeEntry,
+    TapeStore,
     default_selector,
     visible,
 )
 
 
 @pytest.fixture
-async def tape(tmp_path):
-    store = await SQLiteTapeStore.open(tmp_path / "ctx.db")
-    try:
-        yield Tape(store, "t", session_id="test:ctx")
-    finally:
-        await store.close()
+def tape(any_store: TapeStore) -> Tape:
+    """A tape on each store kind (SQLite file, PostgreSQL database)."""
+    return Tape(any_store, "t", session_id="test:ctx")
 
 
 def user(text: str, **meta: Any) -> TapeEntry:

@@ -1,4 +1,8 @@
-"""SQLiteTapeStore and Tape against real SQLite files: queries, ids, transactions, errors."""
+"""Both tape stores and Tape against real databases: queries, ids, transactions, errors.
+
+Tests taking `store` run once on a SQLite file and once on a PostgreSQL database (the
+`any_store` fixture); the opening tests at the end are about SQLite files.
+"""
 
 from __future__ import annotations
 
@@ -12,23 +16,23 @@ import pytest
 from bub_bot.tape import (
     BOOTSTRAP_ANCHOR,
     AnchorNotFound,
+    DedupeRecord,
     PayloadError,
     SQLiteTapeStore,
     Tape,
     TapeEntry,
+    TapeStats,
+    TapeStore,
     TapeStoreError,
+    open_store,
     sidecar_name,
 )
-from bub_bot.tape.store import SCHEMA_VERSION
+from bub_bot.tape.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await SQLiteTapeStore.open(tmp_path / "tapes.db")
-    try:
-        yield s
-    finally:
-        await s.close()
+def store(any_store: TapeStore) -> TapeStore:
+    return any_store
 
 
 def msg(text: str, role: str = "user", **meta) -> TapeEntry:
@@ -46,7 +50,7 @@ def texts(entries: list[TapeEntry]) -> list[str]:
     return out
 
 
-async def all_entries(store: SQLiteTapeStore, tape: str) -> list[TapeEntry]:
+async def all_entries(store: TapeStore, tape: str) -> list[TapeEntry]:
     return await store.query(tape)
 
 
@@ -347,11 +351,10 @@ async def test_dedupe_keys(store):
     assert [e.id for e in third] == [3]
 
 
-async def test_dedupe_keys_survive_reopen(tmp_path):
-    path = tmp_path / "d.db"
-    async with await SQLiteTapeStore.open(path) as s:
+async def test_dedupe_keys_survive_reopen(store_url):
+    async with await open_store(store_url) as s:
         assert await s.append_many("t", [msg("x")], dedupe_keys=["update:1"]) is not None
-    async with await SQLiteTapeStore.open(path) as s:
+    async with await open_store(store_url) as s:
         assert await s.append_many("t", [msg("x")], dedupe_keys=["update:1"]) is None
         assert (await s.stats("t")).entries == 1
 
@@ -522,11 +525,19 @@ async def test_reset_without_archive_deletes(store):
     assert await all_entries(store, sidecar_name("t", "spill")) == []
     names = {t.name for t in await store.list_tapes(include_all=True)}
     assert names == {"t"}
-    raw = sqlite3.connect(store.path)
-    try:
-        assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] == 1
-    finally:
-        raw.close()
+    assert await stored_rows(store) == 1
+
+
+async def stored_rows(store: TapeStore) -> int:
+    """Entry rows in the whole database, read around the store."""
+    if store.kind == "sqlite":
+        raw = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        try:
+            return raw.execute("SELECT count(*) FROM entries").fetchone()[0]
+        finally:
+            raw.close()
+    async with store.pool.acquire() as conn:  # type: ignore[attr-defined]
+        return await conn.fetchval("SELECT count(*) FROM bub_entries")
 
 
 async def test_store_archive_leaves_empty_live_tape(store):
@@ -535,6 +546,126 @@ async def test_store_archive_leaves_empty_live_tape(store):
     assert texts(await all_entries(store, archived)) == ["a", "b"]
     assert await all_entries(store, "t") == []
     assert (await store.append("t", msg("c"))).id == 1
+
+
+async def test_reset_carries_inbound_messages_after_an_id(store):
+    tape = Tape(store, "t", session_id="s")
+    await tape.ensure_bootstrap_anchor()
+    command = await tape.append(msg("/reset", inbound=True))
+    await tape.append_many(
+        [
+            msg("queued 1", inbound=True),
+            TapeEntry.event("loop.step", {"inbound": True}),  # payload, not meta
+            msg("reply", role="assistant"),
+            msg("queued 2", inbound=1, via="slack"),
+            msg("not inbound", inbound=False),
+        ]
+    )
+    archived = await tape.reset(carry_inbound_after=command.id)
+    fresh = await all_entries(store, "t")
+    assert texts(fresh) == ["anchor:session/start", "queued 1", "queued 2"]
+    assert [e.id for e in fresh] == [1, 2, 3]
+    assert fresh[2].meta == {"inbound": 1, "via": "slack"}
+    assert len(await all_entries(store, archived)) == 7
+
+
+async def test_reset_family_is_the_tape_and_its_sidecars_only(store):
+    # Names with LIKE wildcards: only the exact tape and `<tape>__sidecar__*` move.
+    for name in ("a_%", "a_%__sidecar__spill", "ab%", "aX%__sidecar__spill", "a_%x"):
+        await store.append(name, msg(name))
+    archived = await store.archive("a_%")
+    names = {t.name for t in await store.list_tapes(include_all=True)}
+    assert names == {
+        "a_%",
+        archived,
+        sidecar_name(archived, "spill"),
+        "ab%",
+        "aX%__sidecar__spill",
+        "a_%x",
+    }
+
+
+async def test_lone_surrogates_and_nul_are_stored_safely(store):
+    odd = "caf\udce9 \ud83d alone, nul \x00 here"
+    written = await store.append_many(
+        "t",
+        [
+            TapeEntry.message({"role": "user", "content": odd}, path=odd),
+            TapeEntry.event(odd, {"x": odd}),
+            TapeEntry.anchor(f"a{odd}", {"s": odd}),
+            msg("after 🎉"),
+        ],
+        dedupe_keys=[f"key {odd}"],
+        session_id=f"s{odd}",
+    )
+    assert written is not None
+    back = await all_entries(store, "t")
+    assert back == written  # payload, meta and dates exactly
+    assert back[0].payload["content"] == odd and back[0].meta == {"path": odd}
+    assert texts(await store.query("t", after_anchor=f"a{odd}")) == ["after 🎉"]
+    assert [e.id for e in await store.query("t", names=[odd])] == [2]
+    assert [e.id for e in await store.query("t", text="alone, NUL")] == [1, 2, 3]
+    assert await store.is_duplicate(f"key {odd}")
+    assert await store.append_many("t", [msg("again")], dedupe_keys=[f"key {odd}"]) is None
+    (listed,) = await store.list_tapes()
+    assert listed.session_id is not None and listed.session_id.startswith("s")
+
+
+async def test_ping_and_probe_leave_nothing_behind(store):
+    await store.ping()
+    await store.probe()
+    assert await store.list_tapes(include_all=True) == []
+    assert await store.dedupe_records() == []
+
+
+# -- copying between stores (the primitives `tapes copy` uses) ----------------------------------
+
+
+async def test_append_copies_keeps_ids_dates_and_meta(store):
+    source = [
+        TapeEntry(
+            "message",
+            {"role": "user", "content": "老 🎉"},
+            {"inbound": True},
+            at("2023-01-02T03:04:05"),
+            1,
+        ),
+        TapeEntry("anchor", {"name": "A", "state": {}}, {}, at("2023-01-02T03:04:06"), 2),
+        TapeEntry("event", {"name": "run", "data": {}}, {"context": False}, "2023-01-02", 3),
+    ]
+    assert await store.append_copies("t", source[:2], session_id="s", updated="2023-01-03") == 2
+    assert await store.append_copies("t", source[2:]) == 1
+    assert await all_entries(store, "t") == source
+    assert await store.stats("t") == TapeStats("t", "s", 3, 1, 2)
+    # Ids must continue the tape without gaps; a bad batch writes nothing.
+    gap = TapeEntry("message", {"role": "user", "content": "x"}, {}, "2023", 5)
+    with pytest.raises(TapeStoreError, match="continue at id 4"):
+        await store.append_copies("t", [gap])
+    with pytest.raises(TapeStoreError):
+        await store.append_copies("t", source[:1])
+    assert (await store.stats("t")).entries == 3
+    # An empty copy creates the tape with its activity time (an archived, empty live tape).
+    assert await store.append_copies("empty", [], session_id="s2", updated="2022-05-05") == 0
+    summary = next(t for t in await store.list_tapes() if t.name == "empty")
+    assert (summary.session_id, summary.entries, summary.updated) == ("s2", 0, "2022-05-05")
+
+
+async def test_dedupe_records_page_in_key_order_and_add_only_new(store):
+    await store.append_many("t", [msg("a")], dedupe_keys=["k:b", "k:a"])
+    await store.append_many("u", [msg("b"), msg("c")], dedupe_keys=["k:é", "k:c"])
+    records = await store.dedupe_records()
+    assert [r.key for r in records] == ["k:a", "k:b", "k:c", "k:é"]  # byte order
+    assert {(r.key, r.tape, r.entry_id) for r in records} == {
+        ("k:a", "t", 1),
+        ("k:b", "t", 1),
+        ("k:c", "u", 1),
+        ("k:é", "u", 1),
+    }
+    assert [r.key for r in await store.dedupe_records(after="k:b", limit=1)] == ["k:c"]
+    copied = [DedupeRecord("k:new", "x", 3, "2024-01-01"), records[0]]
+    assert await store.add_dedupe_records(copied) == 1
+    assert await store.add_dedupe_records(copied) == 0
+    assert await store.is_duplicate("k:new")
 
 
 # -- opening ------------------------------------------------------------------------------------
@@ -653,3 +784,25 @@ async def test_open_newer_schema_fails_clearly(tmp_path):
         assert tables == {"future"}
     finally:
         raw.close()
+
+
+async def test_open_upgrades_an_older_file_in_one_step(tmp_path):
+    """The next release adds MIGRATIONS[n+1]: opening an existing file runs it once, keeps the
+    data, and this release then refuses the upgraded file."""
+    path = tmp_path / "old.db"
+    async with await SQLiteTapeStore.open(path) as s:
+        await s.append_many("t", [msg("kept"), TapeEntry.anchor("A")])
+    nxt = SCHEMA_VERSION + 1
+    upgrade = {**MIGRATIONS, nxt: "CREATE TABLE upgrade_probe (tape INTEGER PRIMARY KEY)"}
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        migrate(raw, upgrade, nxt)
+        migrate(raw, upgrade, nxt)  # already there: nothing runs twice
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == nxt
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"tapes", "entries", "dedupe", "upgrade_probe"} <= tables
+        assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] == 2
+    finally:
+        raw.close()
+    error = await open_error(path)
+    assert_one_line_naming(error, path, f"schema version {nxt} is newer")

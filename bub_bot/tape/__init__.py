@@ -1,26 +1,59 @@
-"""The tape model: append-only entries in SQLite, anchors, handoffs and context selection."""
+"""The tape model: append-only entries in a store (SQLite or PostgreSQL), anchors, handoffs
+and context selection."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .connect import DatabaseURL, open_store, parse_database_url
 from .context import Selector, default_selector, visible
 from .entries import KINDS, PayloadError, TapeEntry, utc_now
 from .names import archive_name, sidecar_name, tape_name
-from .store import AnchorNotFound, SQLiteTapeStore, TapeStats, TapeStoreError, TapeSummary
+from .sqlite import SQLiteTapeStore
+from .store import (
+    AnchorNotFound,
+    DedupeRecord,
+    TapeStats,
+    TapeStore,
+    TapeStoreError,
+    TapeSummary,
+)
 from .tape import BOOTSTRAP_ANCHOR, Tape, TapeInfo
+
+if TYPE_CHECKING:
+    from .postgres import PostgresTapeStore
+
+
+def __getattr__(name: str) -> Any:
+    # asyncpg is imported only when PostgreSQL is used.
+    if name == "PostgresTapeStore":
+        from .postgres import PostgresTapeStore
+
+        return PostgresTapeStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BOOTSTRAP_ANCHOR",
     "KINDS",
     "AnchorNotFound",
+    "DatabaseURL",
+    "DedupeRecord",
     "PayloadError",
+    "PostgresTapeStore",
     "SQLiteTapeStore",
     "Selector",
     "Tape",
     "TapeEntry",
     "TapeInfo",
     "TapeStats",
+    "TapeStore",
     "TapeStoreError",
     "TapeSummary",
     "archive_name",
     "default_selector",
+    "open_store",
+    "parse_database_url",
     "sidecar_name",
     "tape_name",
     "utc_now",

@@ -10,7 +10,7 @@ from typing import Any
 from .context import Selector, default_selector, visible
 from .entries import TapeEntry
 from .names import sidecar_name, tape_name
-from .store import SQLiteTapeStore
+from .store import TapeStore
 
 BOOTSTRAP_ANCHOR = "session/start"
 
@@ -30,13 +30,13 @@ class TapeInfo:
 class Tape:
     """A named tape in a store. Cheap to create; holds no entries in memory."""
 
-    def __init__(self, store: SQLiteTapeStore, name: str, session_id: str | None = None) -> None:
+    def __init__(self, store: TapeStore, name: str, session_id: str | None = None) -> None:
         self.store = store
         self.name = name
         self.session_id = session_id
 
     @classmethod
-    def for_session(cls, store: SQLiteTapeStore, session_id: str, workspace: str | Path) -> Tape:
+    def for_session(cls, store: TapeStore, session_id: str, workspace: str | Path) -> Tape:
         """The tape of `session_id` in `workspace`."""
         return cls(store, tape_name(session_id, workspace), session_id)
 
@@ -142,7 +142,7 @@ class Tape:
 
     # -- reads --------------------------------------------------------------------------------
     async def query(self, **filters: Any) -> list[TapeEntry]:
-        """`SQLiteTapeStore.query` on this tape."""
+        """`TapeStore.query` on this tape."""
         return await self.store.query(self.name, **filters)
 
     async def anchors(self, limit: int = 20) -> list[TapeEntry]:

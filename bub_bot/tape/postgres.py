@@ -1,0 +1,656 @@
+"""PostgreSQL tape store: an asyncpg pool; dense per-tape ids under writers in many processes.
+
+Concurrency: a write group is one transaction that first locks its tape's row (`SELECT … FOR
+UPDATE`, creating the row if needed), then inserts after the tape's last id. Writers of one
+tape — in any process on any machine — queue on that row lock; writers of different tapes
+never wait for each other. Under READ COMMITTED every statement sees what committed before it
+started, so the insert that follows the lock sees the previous writer's entries: ids stay dense
+and gap-free (no sequence; a rolled-back write reserves nothing). Dedupe keys are a primary key
+in the same transaction, so one delivery reaching two processes is stored once.
+
+Text columns use the "C" collation: dates compare as the ISO strings they are, names and keys
+sort by bytes (the same order as SQLite), and `lower()` folds ASCII only, as SQLite's does.
+Payload and meta are stored as the JSON text `entries.dumps` made (not jsonb, which would
+reorder keys and reject `\\u0000`), so entries round-trip exactly.
+
+Tables are prefixed `bub_` so a database shared with another application stays readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import asyncpg
+
+from .connect import parse_database_url
+from .entries import TapeEntry, utc_now
+from .names import SIDECAR_SEP, archive_name, tape_role
+from .store import (
+    AnchorNotFound,
+    DedupeRecord,
+    FirstEntries,
+    Opening,
+    QuerySpec,
+    Row,
+    StoreBase,
+    TapeStats,
+    TapeStoreError,
+    TapeSummary,
+    check_copy_ids,
+    entry_row,
+    is_inbound,
+    row_entry,
+    safe_text,
+    with_ids,
+)
+
+SCHEMA_VERSION = 1
+"""The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
+
+# Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
+# together run them once.
+SCHEMA_LOCK = 0x6275625F73636801
+
+# MIGRATIONS[n] takes a database from version n-1 to n; a new database runs them all from 1.
+# The next schema change appends MIGRATIONS[2] and bumps SCHEMA_VERSION. Upgrades run at start,
+# in one transaction, before anything else; an older bub-bot refuses a newer schema untouched.
+# Keep them additive (new tables, columns with defaults, indexes): replicas still running the
+# older release keep working during a rolling deploy.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE bub_tapes (
+            id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            name        text COLLATE "C" NOT NULL UNIQUE,
+            role        text NOT NULL,            -- live | sidecar | archive
+            session_id  text,
+            created     text NOT NULL,
+            updated     text COLLATE "C" NOT NULL, -- set on create, rename and reset only
+            last_id     bigint NOT NULL DEFAULT 0  -- id allocation only; counters use indexes
+        )""",
+        """CREATE TABLE bub_entries (
+            tape    bigint NOT NULL,
+            id      bigint NOT NULL,
+            kind    text COLLATE "C" NOT NULL,
+            name    text COLLATE "C",             -- anchor/event name or message role
+            payload text COLLATE "C" NOT NULL,
+            meta    text COLLATE "C" NOT NULL,
+            date    text COLLATE "C" NOT NULL,
+            PRIMARY KEY (tape, id)
+        )""",
+        # Counters come from indexes; only anchors and events are looked up by name.
+        "CREATE INDEX bub_anchors_by_id ON bub_entries (tape, id) WHERE kind = 'anchor'",
+        "CREATE INDEX bub_anchors_by_name ON bub_entries (tape, name, id) WHERE kind = 'anchor'",
+        "CREATE INDEX bub_events_by_name ON bub_entries (tape, name, id) WHERE kind = 'event'",
+        """CREATE TABLE bub_dedupe (
+            key       text COLLATE "C" PRIMARY KEY,
+            tape      text NOT NULL,
+            entry_id  bigint NOT NULL,
+            date      text NOT NULL
+        )""",
+    ),
+}
+
+T = TypeVar("T")
+
+_TAPE_ID = "(SELECT id FROM bub_tapes WHERE name = $1)"
+
+
+class _Refused(Exception):
+    """Raised inside a write transaction to roll it back and return None."""
+
+
+class PostgresTapeStore(StoreBase):
+    """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
+
+    `pool` (an asyncpg pool) is public for parts that share the database (leases); its
+    connections are not reset between uses, so leave no session state on them (see
+    `_keep_session`).
+    """
+
+    kind = "postgresql"
+
+    def __init__(self, pool: asyncpg.Pool, location: str, schema_version: int) -> None:
+        self.pool = pool
+        self.location = location
+        self.schema_version = schema_version
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, url: str, *, pool_size: int = 10) -> Opening[PostgresTapeStore]:
+        """Connect (a pool of up to `pool_size` connections), create or upgrade the schema.
+
+        Fails with TapeStoreError naming the host — never the password — when the URL is bad,
+        the server unreachable, the credentials wrong or the schema newer than this code.
+        """
+        return Opening(lambda: cls._open(url, pool_size))
+
+    @classmethod
+    async def _open(cls, url: str, pool_size: int) -> PostgresTapeStore:
+        try:
+            parsed = parse_database_url(url)
+        except ValueError as exc:
+            raise TapeStoreError(f"cannot open tape database: {exc}") from None
+        where = parsed.display
+        password = _password(url)
+
+        def fail(exc: BaseException) -> TapeStoreError:
+            cause = " ".join(str(exc).split()) or type(exc).__name__
+            if password:
+                cause = cause.replace(password, "***")
+            return TapeStoreError(f"cannot open tape database {where}: {cause}")
+
+        try:
+            pool = await asyncpg.create_pool(
+                url,
+                min_size=1,
+                max_size=max(1, pool_size),
+                timeout=10,
+                max_inactive_connection_lifetime=300,
+                reset=_keep_session,
+                # A statement that has not answered in a minute (a partitioned network, a
+                # stuck lock) fails instead of hanging a turn forever.
+                command_timeout=60,
+                # JIT compiles big analytical plans; for these short statements it only
+                # adds latency.
+                server_settings={"application_name": "bub-bot", "jit": "off"},
+            )
+        except (OSError, TimeoutError, ValueError, OverflowError, asyncpg.PostgresError) as exc:
+            raise fail(exc) from None
+        except asyncpg.InterfaceError as exc:
+            raise fail(exc) from None
+        try:
+            version = await migrate(pool)
+        except TapeStoreError as exc:
+            await pool.close()
+            raise TapeStoreError(f"cannot open tape database {where}: {exc}") from None
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pool.close()
+            raise fail(exc) from None
+        return cls(pool, where, version)
+
+    async def __aenter__(self) -> PostgresTapeStore:
+        return self
+
+    async def close(self) -> None:
+        """Close the pool (waits briefly for connections in use)."""
+        try:
+            await asyncio.wait_for(self.pool.close(), 10)
+        except TimeoutError:
+            self.pool.terminate()
+
+    async def ping(self) -> None:
+        """Check the server answers and accepts writes (not a read-only standby)."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT pg_is_in_recovery() AS standby,"
+                " current_setting('transaction_read_only') AS read_only"
+            )
+        if row["standby"] or row["read_only"] == "on":
+            raise TapeStoreError(f"tape database {self.location} is read-only")
+
+    async def probe(self) -> None:
+        """Write a row and read it back in a transaction that is rolled back."""
+        now = utc_now()
+        async with self.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                key = f"bub-bot:probe:{now}"
+                await conn.execute(
+                    "INSERT INTO bub_dedupe (key, tape, entry_id, date) VALUES ($1, '', 0, $2)",
+                    key,
+                    now,
+                )
+                found = await conn.fetchval("SELECT date FROM bub_dedupe WHERE key = $1", key)
+                if found != now:
+                    raise TapeStoreError("a row just written could not be read back")
+            finally:
+                await tx.rollback()
+
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
+        """Run `fn(conn, *args)` in one transaction; None if it raised _Refused. A deadlock or
+        serialization failure (rolled back by the server) is retried."""
+        for attempt in range(3):
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    return await fn(conn, *args)
+            except _Refused:
+                return None
+            except (
+                asyncpg.exceptions.DeadlockDetectedError,
+                asyncpg.exceptions.SerializationError,
+            ):
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- writes -------------------------------------------------------------------------------
+    async def append_many(
+        self,
+        tape: str,
+        entries: Iterable[TapeEntry],
+        *,
+        dedupe_keys: Sequence[str] = (),
+        if_no_anchor: bool = False,
+        bootstrap: TapeEntry | None = None,
+        session_id: str | None = None,
+    ) -> list[TapeEntry] | None:
+        """Append entries in one transaction and return them with their ids (see TapeStore)."""
+        entries = list(entries)
+        rows = [entry_row(e) for e in entries]
+        session = safe_text(session_id) if session_id else None
+        if rows and not dedupe_keys and not if_no_anchor and bootstrap is None:
+            # The common append: one statement, one round trip (its own transaction).
+            async with self.pool.acquire() as conn:
+                ids = await _allocate_and_insert(conn, tape, rows, session)
+            if ids is not None:
+                return with_ids(entries, ids)
+            # A new tape: created in the transaction below.
+        ids = await self._write(
+            _append,
+            tape,
+            rows,
+            # Sorted: two transactions recording the same keys take them in the same order.
+            sorted({safe_text(k) for k in dedupe_keys}),
+            if_no_anchor,
+            entry_row(bootstrap) if bootstrap else None,
+            session,
+            utc_now(),
+        )
+        return None if ids is None else with_ids(entries, ids)
+
+    async def reset(
+        self,
+        tape: str,
+        *,
+        archive: bool = True,
+        first: FirstEntries | None = None,
+        carry_inbound_after: int | None = None,
+    ) -> str | None:
+        """Clear `tape` and its sidecars in one transaction; returns the archive name (see
+        TapeStore). Archiving renames tape rows: O(1) in the entries."""
+        archived = archive_name(tape) if archive else None
+        rows = [entry_row(e) for e in (first(archived) if first else ())]
+        await self._write(_reset, tape, archived, rows, carry_inbound_after, utc_now())
+        return archived
+
+    async def append_copies(
+        self,
+        tape: str,
+        entries: Sequence[TapeEntry],
+        *,
+        session_id: str | None = None,
+        updated: str | None = None,
+    ) -> int:
+        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
+        entries = list(entries)
+        await self._write(
+            _append_copies,
+            tape,
+            entries,
+            [entry_row(e) for e in entries],
+            safe_text(session_id) if session_id else None,
+            updated or utc_now(),
+        )
+        return len(entries)
+
+    async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
+        """Record keys that are not recorded yet; returns how many were new."""
+        if not records:
+            return 0
+        async with self.pool.acquire() as conn:
+            status = await conn.execute(
+                "INSERT INTO bub_dedupe (key, tape, entry_id, date)"
+                " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])"
+                " ON CONFLICT DO NOTHING",
+                [safe_text(r.key) for r in records],
+                [r.tape for r in records],
+                [r.entry_id for r in records],
+                [r.date for r in records],
+            )
+        return int(status.split()[-1])
+
+    # -- reads --------------------------------------------------------------------------------
+    async def stats(self, tape: str) -> TapeStats:
+        """Entry and anchor counters for a tape (zeros for a tape never written)."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT t.session_id,"
+                " (SELECT coalesce(max(id), 0) FROM bub_entries WHERE tape = t.id) AS entries,"
+                " (SELECT count(*) FROM bub_entries WHERE tape = t.id AND kind = 'anchor')"
+                " AS anchors,"
+                " (SELECT coalesce(max(id), 0) FROM bub_entries"
+                " WHERE tape = t.id AND kind = 'anchor') AS last_anchor"
+                " FROM bub_tapes t WHERE t.name = $1",
+                tape,
+            )
+        if row is None:
+            return TapeStats(tape, None, 0, 0, 0)
+        return TapeStats(
+            tape, row["session_id"], row["entries"], row["anchors"], row["last_anchor"]
+        )
+
+    async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
+        async with self.pool.acquire() as conn:
+            start = spec.start_anchor
+            if start is None:
+                # The hot path (read_context): one statement, index lookups only.
+                sql, args = _entries_sql(spec, _TAPE_ID, spec.tape, spec.after_id, spec.before_id)
+                return [row_entry(*r) for r in await conn.fetch(sql, *args)]
+            bounds = await conn.fetchrow(
+                "SELECT t.id,"
+                " (SELECT max(id) FROM bub_entries"
+                " WHERE tape = t.id AND kind = 'anchor' AND name = $2) AS start"
+                " FROM bub_tapes t WHERE t.name = $1",
+                spec.tape,
+                safe_text(start),
+            )
+            if bounds is None or bounds["start"] is None:
+                raise AnchorNotFound(f"anchor {start!r} not found")
+            lo, hi = max(spec.after_id, bounds["start"]), spec.before_id
+            if spec.between is not None:
+                stop = await conn.fetchval(
+                    "SELECT min(id) FROM bub_entries"
+                    " WHERE tape = $1 AND kind = 'anchor' AND name = $2 AND id > $3",
+                    bounds["id"],
+                    safe_text(spec.between[1]),
+                    bounds["start"],
+                )
+                if stop is not None:
+                    hi = stop if hi is None else min(hi, stop)
+            sql, args = _entries_sql(spec, "$1", bounds["id"], lo, hi)
+            return [row_entry(*r) for r in await conn.fetch(sql, *args)]
+
+    async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
+        """Live tapes, most recently active first (sidecars and archives only with include_all)."""
+        # Per tape: the newest entry and the anchor count, both from indexes; never a scan.
+        sql = (
+            "SELECT t.name, t.session_id, coalesce(l.id, 0),"
+            " (SELECT count(*) FROM bub_entries a WHERE a.tape = t.id AND a.kind = 'anchor'),"
+            " coalesce(l.date, t.updated)"
+            " FROM bub_tapes t LEFT JOIN LATERAL (SELECT id, date FROM bub_entries e"
+            " WHERE e.tape = t.id ORDER BY id DESC LIMIT 1) l ON TRUE"
+        )
+        if not include_all:
+            sql += " WHERE t.role = 'live'"
+        async with self.pool.acquire() as conn:
+            rows = [TapeSummary(*r) for r in await conn.fetch(sql)]
+        return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
+
+    async def is_duplicate(self, key: str) -> bool:
+        """Whether a dedupe key has been recorded."""
+        async with self.pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM bub_dedupe WHERE key = $1)", safe_text(key)
+                )
+            )
+
+    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
+        """Recorded dedupe keys greater than `after`, in key order."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT key, tape, entry_id, date FROM bub_dedupe WHERE key > $1"
+                " ORDER BY key LIMIT $2",
+                after,
+                limit,
+            )
+        return [DedupeRecord(*r) for r in rows]
+
+
+# -- SQL helpers --------------------------------------------------------------------------------
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset without asyncpg's `RESET ALL; UNLISTEN *; …` round trip on every release.
+
+    asyncpg still rolls back an open transaction and drops listeners. This is safe because
+    nothing here leaves session state on a pooled connection: locks are transaction-scoped.
+    Code sharing the pool must do the same (SET LOCAL, pg_advisory_xact_lock; LISTEN on a
+    connection of its own).
+    """
+
+
+def _password(url: str) -> str:
+    try:
+        return unquote(urlsplit(url).password or "")
+    except ValueError:
+        return ""
+
+
+async def migrate(
+    pool: asyncpg.Pool,
+    migrations: dict[int, tuple[str, ...]] = MIGRATIONS,
+    version: int = SCHEMA_VERSION,
+) -> int:
+    """Bring the schema to `version` (creating it, or running the missing `migrations` in
+    order, in one transaction); refuse a newer schema before writing anything."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        exists = await conn.fetchval("SELECT to_regclass('bub_schema_version') IS NOT NULL")
+        found = 0
+        if exists:
+            found = await conn.fetchval("SELECT coalesce(max(version), 0) FROM bub_schema_version")
+        if found > version:
+            raise TapeStoreError(
+                f"schema version {found} is newer than this bub-bot supports ({version});"
+                " upgrade bub-bot"
+            )
+        if not exists:
+            await conn.execute(
+                "CREATE TABLE bub_schema_version ("
+                " version integer PRIMARY KEY, applied text NOT NULL)"
+            )
+        for step in range(found + 1, version + 1):
+            for statement in migrations[step]:
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO bub_schema_version (version, applied) VALUES ($1, $2)",
+                step,
+                utc_now(),
+            )
+    return version
+
+
+async def _lock_tape(
+    conn: asyncpg.Connection, tape: str, session_id: str | None, now: str
+) -> tuple[int, int]:
+    """Lock the tape's row for this transaction (creating it if needed); (row id, last id)."""
+    select = "SELECT id, session_id, last_id FROM bub_tapes WHERE name = $1 FOR UPDATE"
+    row = await conn.fetchrow(select, tape)
+    if row is None:
+        # A new row is ours alone until commit; a concurrent creator waits on the unique
+        # index, finds the conflict, and locks the row we committed.
+        tape_id = await conn.fetchval(
+            "INSERT INTO bub_tapes (name, role, session_id, created, updated)"
+            " VALUES ($1, $2, $3, $4, $4) ON CONFLICT (name) DO NOTHING RETURNING id",
+            tape,
+            tape_role(tape),
+            session_id,
+            now,
+        )
+        if tape_id is not None:
+            return tape_id, 0
+        row = await conn.fetchrow(select, tape)
+        assert row is not None
+    if session_id and row["session_id"] is None:
+        await conn.execute(
+            "UPDATE bub_tapes SET session_id = $1 WHERE id = $2", session_id, row["id"]
+        )
+    return row["id"], row["last_id"]
+
+
+def _columns(rows: Sequence[Row]) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * 5
+
+
+# Id allocation and insert in one statement. The UPDATE takes the tape row's lock and, under
+# READ COMMITTED, re-reads the row's newest committed version once it has the lock, so
+# `last_id` is never stale: concurrent writers of one tape get consecutive ranges. Run alone
+# (autocommit) it is a whole append in one round trip. No row (a new tape): no entries.
+_ALLOCATE_AND_INSERT = (
+    "WITH t AS (UPDATE bub_tapes SET last_id = last_id + $2,"
+    " session_id = coalesce(session_id, $3) WHERE name = $1 RETURNING id, last_id)"
+    " INSERT INTO bub_entries (tape, id, kind, name, payload, meta, date)"
+    " SELECT t.id, t.last_id - $2 + r.n, r.kind, r.name, r.payload, r.meta, r.date"
+    " FROM t, unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[])"
+    " WITH ORDINALITY AS r(kind, name, payload, meta, date, n)"
+    " RETURNING id"
+)
+
+
+async def _allocate_and_insert(
+    conn: asyncpg.Connection, tape: str, rows: Sequence[Row], session_id: str | None
+) -> list[int] | None:
+    """Append `rows` after the tape's last id; their ids, or None if the tape has no row."""
+    found = await conn.fetch(_ALLOCATE_AND_INSERT, tape, len(rows), session_id, *_columns(rows))
+    return sorted(r[0] for r in found) if found else None
+
+
+async def _append(
+    conn: asyncpg.Connection,
+    tape: str,
+    rows: list[Row],
+    dedupe_keys: list[str],
+    if_no_anchor: bool,
+    bootstrap: Row | None,
+    session_id: str | None,
+    now: str,
+) -> list[int]:
+    tape_id, _ = await _lock_tape(conn, tape, session_id, now)
+    skip = 0
+    if if_no_anchor or bootstrap is not None:
+        # A statement after the lock: it sees every entry committed before we got it.
+        has_anchor = await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM bub_entries WHERE tape = $1 AND kind = 'anchor')",
+            tape_id,
+        )
+        if if_no_anchor and has_anchor:
+            raise _Refused
+        if bootstrap is not None and not has_anchor:
+            rows = [bootstrap, *rows]
+            skip = 1
+    ids: list[int] = []
+    if rows:
+        written = await _allocate_and_insert(conn, tape, rows, session_id)
+        assert written is not None  # the row exists: we hold its lock
+        ids = written[skip:]
+    if dedupe_keys:
+        # The primary key is the guard: a key recorded (or being recorded) by any other
+        # transaction makes this insert skip it, and the whole group rolls back.
+        status = await conn.execute(
+            "INSERT INTO bub_dedupe (key, tape, entry_id, date)"
+            " SELECT k, $2, $3, $4 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING",
+            dedupe_keys,
+            tape,
+            ids[0] if ids else 0,
+            now,
+        )
+        if int(status.split()[-1]) != len(dedupe_keys):
+            raise _Refused
+    return ids
+
+
+async def _append_copies(
+    conn: asyncpg.Connection,
+    tape: str,
+    entries: list[TapeEntry],
+    rows: list[Row],
+    session_id: str | None,
+    updated: str,
+) -> None:
+    tape_id, last = await _lock_tape(conn, tape, session_id, updated)
+    check_copy_ids(tape, entries, last)
+    if rows:
+        await conn.execute(
+            "INSERT INTO bub_entries (tape, id, kind, name, payload, meta, date)"
+            " SELECT $1, r.* FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[],"
+            " $6::text[], $7::text[]) AS r",
+            tape_id,
+            [e.id for e in entries],
+            *_columns(rows),
+        )
+        await conn.execute(
+            "UPDATE bub_tapes SET last_id = $2 WHERE id = $1", tape_id, entries[-1].id
+        )
+
+
+async def _reset(
+    conn: asyncpg.Connection,
+    tape: str,
+    archived: str | None,
+    rows: list[Row],
+    carry_after: int | None,
+    now: str,
+) -> None:
+    # Lock the tape and its sidecars (in id order, as every reset does) for the transaction.
+    family = await conn.fetch(
+        "SELECT id, name, session_id FROM bub_tapes"
+        " WHERE name = $1 OR starts_with(name, $2) ORDER BY id FOR UPDATE",
+        tape,
+        tape + SIDECAR_SEP,
+    )
+    session = next((r for r in family if r["name"] == tape), None)
+    if carry_after is not None and session is not None:
+        later = await conn.fetch(
+            "SELECT kind, name, payload, meta, date FROM bub_entries"
+            " WHERE tape = $1 AND id > $2 AND strpos(meta, '\"inbound\":') > 0 ORDER BY id",
+            session["id"],
+            carry_after,
+        )
+        rows = rows + [tuple(r) for r in later if is_inbound(r["meta"])]  # type: ignore[misc]
+    ids = [r["id"] for r in family]
+    if ids and archived is not None:
+        # Renaming the tape rows moves all their entries at once: archive is O(1).
+        await conn.execute(
+            "UPDATE bub_tapes SET name = $1 || substr(name, $2), role = 'archive', updated = $3"
+            " WHERE id = ANY($4::bigint[])",
+            archived,
+            len(tape) + 1,
+            now,
+            ids,
+        )
+    elif ids:
+        await conn.execute("DELETE FROM bub_entries WHERE tape = ANY($1::bigint[])", ids)
+        await conn.execute("DELETE FROM bub_tapes WHERE id = ANY($1::bigint[])", ids)
+    await _lock_tape(conn, tape, session["session_id"] if session else None, now)
+    if rows:
+        await _allocate_and_insert(conn, tape, rows, None)
+
+
+def _entries_sql(
+    spec: QuerySpec, tape_ref: str, tape_arg: Any, lo: int, hi: int | None
+) -> tuple[str, list[Any]]:
+    """The entries query for `spec` between ids `lo` and `hi` (exclusive); `tape_ref` is `$1`
+    (a tape id) or a subquery on the name in `$1`."""
+    args: list[Any] = [tape_arg, lo]
+    low = "$2"
+    if spec.after_last_anchor:
+        low = (
+            f"greatest($2, (SELECT coalesce(max(a.id), 0) FROM bub_entries a"
+            f" WHERE a.tape = {tape_ref} AND a.kind = 'anchor'))"
+        )
+    sql = f"SELECT id, kind, payload, meta, date FROM bub_entries WHERE tape = {tape_ref} AND id > {low}"
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if hi is not None:
+        sql += f" AND id < {arg(hi)}"
+    kind = spec.kind_sql()
+    if kind:
+        sql += " AND " + kind
+    if spec.names is not None:
+        sql += f" AND name = ANY({arg(list(spec.names))}::text[])"
+    for bound in (spec.since, spec.until):
+        if bound is not None:
+            sql += f" AND date {bound[0]} {arg(bound[1])}"
+    if spec.needle:
+        # lower() under the "C" collation folds ASCII only, as the needle is folded.
+        sql += f" AND strpos(lower(payload), {arg(spec.needle)}) > 0"
+    sql += " ORDER BY id DESC" if spec.newest_first else " ORDER BY id"
+    if spec.limit is not None:
+        sql += f" LIMIT {arg(spec.limit)}"
+    return sql, args

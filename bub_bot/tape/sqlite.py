@@ -1,0 +1,552 @@
+"""SQLite tape store: WAL, one writer, dense per-tape ids, one transaction per write group.
+
+Every operation is one function run on aiosqlite's worker thread, so a whole transaction
+(BEGIN IMMEDIATE ... COMMIT) costs one thread hop and can never interleave with another.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from .entries import TapeEntry, utc_now
+from .names import SIDECAR_SEP, archive_name, tape_role
+from .store import (
+    AnchorNotFound,
+    DedupeRecord,
+    FirstEntries,
+    Opening,
+    QuerySpec,
+    Row,
+    StoreBase,
+    TapeStats,
+    TapeStoreError,
+    TapeSummary,
+    check_copy_ids,
+    entry_row,
+    is_inbound,
+    row_entry,
+    safe_text,
+    with_ids,
+)
+
+SCHEMA_VERSION = 1
+"""The schema this code writes; kept in `PRAGMA user_version`."""
+
+# MIGRATIONS[n] takes a database from version n-1 to n; a new file runs them all from 1.
+# The next schema change appends MIGRATIONS[2] and bumps SCHEMA_VERSION: opening an older file
+# upgrades it in one transaction, and an older bub-bot refuses the newer file untouched.
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE IF NOT EXISTS tapes (
+    id          INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    role        TEXT NOT NULL,               -- live | sidecar | archive
+    session_id  TEXT,
+    created     TEXT NOT NULL,
+    updated     TEXT NOT NULL                -- set on create, rename and reset only
+);
+CREATE TABLE IF NOT EXISTS entries (
+    tape    INTEGER NOT NULL,
+    id      INTEGER NOT NULL,
+    kind    TEXT NOT NULL,
+    name    TEXT,                            -- anchor/event name or message role
+    payload TEXT NOT NULL,
+    meta    TEXT NOT NULL,
+    date    TEXT NOT NULL,
+    UNIQUE (tape, id)
+);
+-- Counters come from indexes (max id, anchors by id), not from a tapes row rewritten on
+-- every append. Partial indexes: only anchors and events are looked up by name, so message
+-- and tool entries (most of a tape) cost no index writes beyond (tape, id).
+CREATE INDEX IF NOT EXISTS anchors_by_id ON entries (tape, id) WHERE kind = 'anchor';
+CREATE INDEX IF NOT EXISTS anchors_by_name ON entries (tape, name, id) WHERE kind = 'anchor';
+CREATE INDEX IF NOT EXISTS events_by_name ON entries (tape, name, id) WHERE kind = 'event';
+CREATE TABLE IF NOT EXISTS dedupe (
+    key      TEXT PRIMARY KEY,
+    tape     TEXT NOT NULL,
+    entry_id INTEGER NOT NULL,
+    date     TEXT NOT NULL
+);
+""",
+}
+
+T = TypeVar("T")
+
+
+class SQLiteTapeStore(StoreBase):
+    """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
+
+    kind = "sqlite"
+
+    def __init__(self, conn: aiosqlite.Connection, path: str) -> None:
+        self._conn = conn
+        self.path = path
+        self.location = path
+        self.schema_version = SCHEMA_VERSION
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> Opening[SQLiteTapeStore]:
+        """Open (creating if needed) the database at `path`; fail with one clear line if not.
+
+        `store = await SQLiteTapeStore.open(path)`, or `async with SQLiteTapeStore.open(path)
+        as store:` (closed on exit).
+        """
+        return Opening(lambda: cls._open(path))
+
+    @classmethod
+    async def _open(cls, path: str | Path) -> SQLiteTapeStore:
+        location = str(path)
+        if location != ":memory:":
+            try:
+                Path(location).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
+            location = str(Path(location).expanduser())
+        try:
+            conn = await aiosqlite.connect(location, isolation_level=None, timeout=10)
+        except sqlite3.Error as exc:
+            raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
+        store = cls(conn, location)
+        try:
+            await store._run(migrate)
+        except sqlite3.Error as exc:
+            await conn.close()
+            cause = str(exc)
+            if "not a database" in cause or "malformed" in cause:
+                cause = f"{cause} (the file is corrupt or not a SQLite database)"
+            raise TapeStoreError(f"cannot open tape database {location}: {cause}") from None
+        except TapeStoreError as exc:
+            await conn.close()
+            raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
+        return store
+
+    async def __aenter__(self) -> SQLiteTapeStore:
+        return self
+
+    async def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        await self._conn.close()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        # aiosqlite runs `fn(sqlite3_connection, *args)` on its worker thread: one hop per
+        # transaction instead of one per statement.
+        return await self._conn._execute(lambda: fn(self._conn._conn, *args))
+
+    async def ping(self) -> None:
+        """Check the database is writable (takes and releases the write lock)."""
+        try:
+            await self._run(_ping)
+        except sqlite3.Error as exc:
+            raise TapeStoreError(f"tape database {self.location}: {exc}") from None
+
+    async def probe(self) -> None:
+        """Write a row and read it back in a transaction that is rolled back."""
+        try:
+            await self._run(_probe, utc_now())
+        except sqlite3.Error as exc:
+            raise TapeStoreError(f"tape database {self.location}: {exc}") from None
+
+    # -- writes -------------------------------------------------------------------------------
+    async def append_many(
+        self,
+        tape: str,
+        entries: Iterable[TapeEntry],
+        *,
+        dedupe_keys: Sequence[str] = (),
+        if_no_anchor: bool = False,
+        bootstrap: TapeEntry | None = None,
+        session_id: str | None = None,
+    ) -> list[TapeEntry] | None:
+        """Append entries in one transaction and return them with their ids (see TapeStore)."""
+        entries = list(entries)
+        rows = [entry_row(e) for e in entries]
+        ids = await self._run(
+            _append,
+            tape,
+            rows,
+            tuple(dict.fromkeys(safe_text(k) for k in dedupe_keys)),
+            if_no_anchor,
+            entry_row(bootstrap) if bootstrap else None,
+            safe_text(session_id) if session_id else None,
+            utc_now(),
+        )
+        return None if ids is None else with_ids(entries, ids)
+
+    async def reset(
+        self,
+        tape: str,
+        *,
+        archive: bool = True,
+        first: FirstEntries | None = None,
+        carry_inbound_after: int | None = None,
+    ) -> str | None:
+        """Clear `tape` and its sidecars in one transaction; returns the archive name (see
+        TapeStore). Archiving renames tape rows: O(1) in the entries."""
+        archived = archive_name(tape) if archive else None
+        rows = [entry_row(e) for e in (first(archived) if first else ())]
+        await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
+        return archived
+
+    async def append_copies(
+        self,
+        tape: str,
+        entries: Sequence[TapeEntry],
+        *,
+        session_id: str | None = None,
+        updated: str | None = None,
+    ) -> int:
+        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
+        rows = [(e.id, *entry_row(e)) for e in entries]
+        await self._run(
+            _append_copies,
+            tape,
+            list(entries),
+            rows,
+            safe_text(session_id) if session_id else None,
+            updated or utc_now(),
+        )
+        return len(rows)
+
+    async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
+        """Record keys that are not recorded yet; returns how many were new."""
+        return await self._run(_add_dedupe, list(records))
+
+    # -- reads --------------------------------------------------------------------------------
+    async def stats(self, tape: str) -> TapeStats:
+        """Entry and anchor counters for a tape (zeros for a tape never written)."""
+        return await self._run(_stats, tape)
+
+    async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
+        return await self._run(_query, spec)
+
+    async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
+        """Live tapes, most recently active first (sidecars and archives only with include_all)."""
+        return await self._run(_list_tapes, include_all)
+
+    async def is_duplicate(self, key: str) -> bool:
+        """Whether a dedupe key has been recorded."""
+        return await self._run(_has_key, safe_text(key))
+
+    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
+        """Recorded dedupe keys greater than `after`, in key order."""
+        return await self._run(_dedupe_records, after, limit)
+
+
+# -- functions run on the database thread --------------------------------------------------
+def migrate(
+    conn: sqlite3.Connection,
+    migrations: dict[int, str] = MIGRATIONS,
+    version: int = SCHEMA_VERSION,
+) -> None:
+    """Bring the file to schema `version` (running the missing `migrations` in order, in one
+    transaction); refuse a newer file before changing anything in it."""
+    conn.execute("PRAGMA busy_timeout = 10000")
+    # Refuse a newer file before changing anything in it (not even its journal mode).
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > version:
+        raise TapeStoreError(
+            f"schema version {found} is newer than this bub-bot supports ({version});"
+            " upgrade bub-bot"
+        )
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() not in ("wal", "memory"):
+        raise TapeStoreError(f"could not switch to WAL (journal_mode is {mode})")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    if found == version:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Read again under the write lock: another process may have upgraded meanwhile.
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        for step in range(found + 1, version + 1):
+            for statement in migrations[step].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {step}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _ping(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("ROLLBACK")
+
+
+def _probe(conn: sqlite3.Connection, now: str) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        key = f"bub-bot:probe:{now}"
+        conn.execute(
+            "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, '', 0, ?)", (key, now)
+        )
+        row = conn.execute("SELECT date FROM dedupe WHERE key = ?", (key,)).fetchone()
+        if row is None or row[0] != now:
+            raise TapeStoreError("a row just written could not be read back")
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _tape_id(
+    conn: sqlite3.Connection, tape: str, session_id: str | None, now: str, updated: str = ""
+) -> int:
+    """The tape's row id, creating the row (and filling a missing session id) as needed."""
+    row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
+    if row is not None:
+        if session_id and row[1] is None:
+            conn.execute("UPDATE tapes SET session_id = ? WHERE id = ?", (session_id, row[0]))
+        return row[0]
+    cur = conn.execute(
+        "INSERT INTO tapes (name, role, session_id, created, updated) VALUES (?, ?, ?, ?, ?)",
+        (tape, tape_role(tape), session_id, updated or now, updated or now),
+    )
+    return cur.lastrowid  # type: ignore[return-value]
+
+
+def _last_id(conn: sqlite3.Connection, tape_id: int) -> int:
+    return conn.execute(
+        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ?", (tape_id,)
+    ).fetchone()[0]
+
+
+def _last_anchor(conn: sqlite3.Connection, tape_id: int) -> int:
+    return conn.execute(
+        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
+    ).fetchone()[0]
+
+
+_INSERT = (
+    "INSERT INTO entries (tape, id, kind, name, payload, meta, date) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _append(
+    conn: sqlite3.Connection,
+    tape: str,
+    rows: list[Row],
+    dedupe_keys: tuple[str, ...],
+    if_no_anchor: bool,
+    bootstrap: Row | None,
+    session_id: str | None,
+    now: str,
+) -> list[int] | None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if dedupe_keys:
+            marks = ",".join("?" * len(dedupe_keys))
+            seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", dedupe_keys)
+            if seen.fetchone() is not None:
+                conn.execute("ROLLBACK")
+                return None
+        tape_id = _tape_id(conn, tape, session_id, now)
+        last_id = _last_id(conn, tape_id)
+        has_anchor = (if_no_anchor or bootstrap is not None) and _last_anchor(conn, tape_id) > 0
+        if if_no_anchor and has_anchor:
+            conn.execute("ROLLBACK")
+            return None
+        skip = 0
+        if bootstrap is not None and not has_anchor:
+            rows = [bootstrap, *rows]
+            skip = 1
+        ids = list(range(last_id + 1, last_id + 1 + len(rows)))
+        conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)])
+        ids = ids[skip:]
+        if dedupe_keys:
+            first_id = ids[0] if ids else 0
+            conn.executemany(
+                "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
+                [(key, tape, first_id, now) for key in dedupe_keys],
+            )
+        conn.execute("COMMIT")
+        return ids
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _append_copies(
+    conn: sqlite3.Connection,
+    tape: str,
+    entries: list[TapeEntry],
+    rows: list[tuple],
+    session_id: str | None,
+    updated: str,
+) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        tape_id = _tape_id(conn, tape, session_id, updated, updated)
+        check_copy_ids(tape, entries, _last_id(conn, tape_id))
+        conn.executemany(_INSERT, [(tape_id, *row) for row in rows])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _add_dedupe(conn: sqlite3.Connection, records: list[DedupeRecord]) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        before = conn.total_changes
+        conn.executemany(
+            "INSERT OR IGNORE INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
+            [(safe_text(r.key), r.tape, r.entry_id, r.date) for r in records],
+        )
+        added = conn.total_changes - before
+        conn.execute("COMMIT")
+        return added
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _family(conn: sqlite3.Connection, tape: str) -> list[tuple[int, str]]:
+    """The tape and its sidecars: (row id, name)."""
+    prefix = tape + SIDECAR_SEP
+    return conn.execute(
+        "SELECT id, name FROM tapes WHERE name = ? OR substr(name, 1, ?) = ?",
+        (tape, len(prefix), prefix),
+    ).fetchall()
+
+
+def _reset(
+    conn: sqlite3.Connection,
+    tape: str,
+    archived: str | None,
+    rows: list[Row],
+    carry_after: int | None,
+    now: str,
+) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        session = conn.execute(
+            "SELECT id, session_id FROM tapes WHERE name = ?", (tape,)
+        ).fetchone()
+        if carry_after is not None and session is not None:
+            later = conn.execute(
+                "SELECT kind, name, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
+                " AND instr(meta, '\"inbound\":') > 0 ORDER BY id",
+                (session[0], carry_after),
+            )
+            rows = rows + [r for r in later if is_inbound(r[3])]
+        for row_id, name in _family(conn, tape):
+            if archived is not None:
+                # Renaming the tape row moves all its entries at once: archive is O(1).
+                conn.execute(
+                    "UPDATE tapes SET name = ?, role = 'archive', updated = ? WHERE id = ?",
+                    (archived + name[len(tape) :], now, row_id),
+                )
+            else:
+                conn.execute("DELETE FROM entries WHERE tape = ?", (row_id,))
+                conn.execute("DELETE FROM tapes WHERE id = ?", (row_id,))
+        tape_id = _tape_id(conn, tape, session[1] if session else None, now)
+        if rows:
+            conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in enumerate(rows, start=1)])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
+    row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
+    if row is None:
+        return TapeStats(tape, None, 0, 0, 0)
+    tape_id, session_id = row
+    anchors = conn.execute(
+        "SELECT count(*) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
+    ).fetchone()[0]
+    return TapeStats(
+        tape, session_id, _last_id(conn, tape_id), anchors, _last_anchor(conn, tape_id)
+    )
+
+
+def _anchor_id(conn: sqlite3.Connection, tape_id: int, name: str) -> int | None:
+    row = conn.execute(
+        "SELECT max(id) FROM entries WHERE tape = ? AND kind = 'anchor' AND name = ?",
+        (tape_id, safe_text(name)),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def _query(conn: sqlite3.Connection, spec: QuerySpec) -> list[TapeEntry]:
+    row = conn.execute("SELECT id FROM tapes WHERE name = ?", (spec.tape,)).fetchone()
+    start = spec.start_anchor
+    if row is None:
+        if start is not None:
+            raise AnchorNotFound(f"anchor {start!r} not found")
+        return []
+    tape_id = row[0]
+    lo, hi = spec.after_id, spec.before_id
+    if spec.after_last_anchor:
+        lo = max(lo, _last_anchor(conn, tape_id))
+    if start is not None:
+        found = _anchor_id(conn, tape_id, start)
+        if found is None:
+            raise AnchorNotFound(f"anchor {start!r} not found")
+        lo = max(lo, found)
+        if spec.between is not None:
+            stop = conn.execute(
+                "SELECT min(id) FROM entries WHERE tape = ? AND kind = 'anchor' AND name = ?"
+                " AND id > ?",
+                (tape_id, safe_text(spec.between[1]), found),
+            ).fetchone()[0]
+            if stop is not None:
+                hi = stop if hi is None else min(hi, stop)
+    sql = "SELECT id, kind, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
+    args: list[Any] = [tape_id, lo]
+    if hi is not None:
+        sql += " AND id < ?"
+        args.append(hi)
+    kind = spec.kind_sql()
+    if kind:
+        sql += " AND " + kind
+    if spec.names is not None:
+        sql += f" AND name IN ({','.join('?' * len(spec.names))})"
+        args.extend(spec.names)
+    for bound in (spec.since, spec.until):
+        if bound is not None:
+            sql += f" AND date {bound[0]} ?"
+            args.append(bound[1])
+    if spec.needle:
+        # SQLite's lower() folds ASCII only, as the needle is folded.
+        sql += " AND instr(lower(payload), ?) > 0"
+        args.append(spec.needle)
+    sql += " ORDER BY id DESC" if spec.newest_first else " ORDER BY id"
+    if spec.limit is not None:
+        sql += " LIMIT ?"
+        args.append(spec.limit)
+    return [row_entry(*r) for r in conn.execute(sql, args)]
+
+
+def _list_tapes(conn: sqlite3.Connection, include_all: bool) -> list[TapeSummary]:
+    # Per tape: three index lookups (newest entry, its date, anchor count), never a scan.
+    sql = (
+        "SELECT t.name, t.session_id, coalesce(e.id, 0),"
+        " (SELECT count(*) FROM entries a WHERE a.tape = t.id AND a.kind = 'anchor'),"
+        " coalesce(e.date, t.updated)"
+        " FROM tapes t LEFT JOIN entries e ON e.tape = t.id"
+        " AND e.id = (SELECT max(id) FROM entries m WHERE m.tape = t.id)"
+    )
+    if not include_all:
+        sql += " WHERE t.role = 'live'"
+    rows = [TapeSummary(*row) for row in conn.execute(sql)]
+    return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
+
+
+def _has_key(conn: sqlite3.Connection, key: str) -> bool:
+    return conn.execute("SELECT 1 FROM dedupe WHERE key = ?", (key,)).fetchone() is not None
+
+
+def _dedupe_records(conn: sqlite3.Connection, after: str, limit: int) -> list[DedupeRecord]:
+    rows = conn.execute(
+        "SELECT key, tape, entry_id, date FROM dedupe WHERE key > ? ORDER BY key LIMIT ?",
+        (after, limit),
+    )
+    return [DedupeRecord(*r) for r in rows]
