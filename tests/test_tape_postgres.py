@@ -18,7 +18,9 @@ from bub_bot.config import ConfigError, load_settings
 from bub_bot.doctor import check_storage
 from bub_bot.server import Bot, BotServer
 from bub_bot.tape import TapeEntry, TapeStoreError, open_store, parse_database_url
-from bub_bot.tape.postgres import MIGRATIONS, SCHEMA_VERSION, migrate
+from bub_bot.tape.schema import POSTGRES_MIGRATIONS as MIGRATIONS
+from bub_bot.tape.schema import POSTGRES_VERSION as SCHEMA_VERSION
+from bub_bot.tape.schema import migrate_postgres as migrate
 from tests.pg import PASSWORD, PostgresCluster, free_port
 from tests.runtime_channel import RuntimeChannel
 

@@ -27,7 +27,9 @@ from bub_bot.tape import (
     open_store,
     sidecar_name,
 )
-from bub_bot.tape.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate
+from bub_bot.tape.schema import SQLITE_MIGRATIONS as MIGRATIONS
+from bub_bot.tape.schema import SQLITE_VERSION as SCHEMA_VERSION
+from bub_bot.tape.schema import migrate_sqlite as migrate
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import asyncpg
 from .connect import parse_database_url
 from .entries import TapeEntry, utc_now
 from .names import SIDECAR_SEP, archive_name, tape_role
+from .schema import migrate_postgres
 from .store import (
     AnchorNotFound,
     DedupeRecord,
@@ -46,52 +47,6 @@ from .store import (
     safe_text,
     with_ids,
 )
-
-SCHEMA_VERSION = 1
-"""The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
-
-# Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
-# together run them once.
-SCHEMA_LOCK = 0x6275625F73636801
-
-# MIGRATIONS[n] takes a database from version n-1 to n; a new database runs them all from 1.
-# The next schema change appends MIGRATIONS[2] and bumps SCHEMA_VERSION. Upgrades run at start,
-# in one transaction, before anything else; an older bub-bot refuses a newer schema untouched.
-# Keep them additive (new tables, columns with defaults, indexes): replicas still running the
-# older release keep working during a rolling deploy.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE bub_tapes (
-            id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            name        text COLLATE "C" NOT NULL UNIQUE,
-            role        text NOT NULL,            -- live | sidecar | archive
-            session_id  text,
-            created     text NOT NULL,
-            updated     text COLLATE "C" NOT NULL, -- set on create, rename and reset only
-            last_id     bigint NOT NULL DEFAULT 0  -- id allocation only; counters use indexes
-        )""",
-        """CREATE TABLE bub_entries (
-            tape    bigint NOT NULL,
-            id      bigint NOT NULL,
-            kind    text COLLATE "C" NOT NULL,
-            name    text COLLATE "C",             -- anchor/event name or message role
-            payload text COLLATE "C" NOT NULL,
-            meta    text COLLATE "C" NOT NULL,
-            date    text COLLATE "C" NOT NULL,
-            PRIMARY KEY (tape, id)
-        )""",
-        # Counters come from indexes; only anchors and events are looked up by name.
-        "CREATE INDEX bub_anchors_by_id ON bub_entries (tape, id) WHERE kind = 'anchor'",
-        "CREATE INDEX bub_anchors_by_name ON bub_entries (tape, name, id) WHERE kind = 'anchor'",
-        "CREATE INDEX bub_events_by_name ON bub_entries (tape, name, id) WHERE kind = 'event'",
-        """CREATE TABLE bub_dedupe (
-            key       text COLLATE "C" PRIMARY KEY,
-            tape      text NOT NULL,
-            entry_id  bigint NOT NULL,
-            date      text NOT NULL
-        )""",
-    ),
-}
 
 T = TypeVar("T")
 
@@ -162,7 +117,7 @@ class PostgresTapeStore(StoreBase):
         except asyncpg.InterfaceError as exc:
             raise fail(exc) from None
         try:
-            version = await migrate(pool)
+            version = await migrate_postgres(pool)
         except TapeStoreError as exc:
             await pool.close()
             raise TapeStoreError(f"cannot open tape database {where}: {exc}") from None
@@ -417,40 +372,6 @@ def _password(url: str) -> str:
         return unquote(urlsplit(url).password or "")
     except ValueError:
         return ""
-
-
-async def migrate(
-    pool: asyncpg.Pool,
-    migrations: dict[int, tuple[str, ...]] = MIGRATIONS,
-    version: int = SCHEMA_VERSION,
-) -> int:
-    """Bring the schema to `version` (creating it, or running the missing `migrations` in
-    order, in one transaction); refuse a newer schema before writing anything."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
-        exists = await conn.fetchval("SELECT to_regclass('bub_schema_version') IS NOT NULL")
-        found = 0
-        if exists:
-            found = await conn.fetchval("SELECT coalesce(max(version), 0) FROM bub_schema_version")
-        if found > version:
-            raise TapeStoreError(
-                f"schema version {found} is newer than this bub-bot supports ({version});"
-                " upgrade bub-bot"
-            )
-        if not exists:
-            await conn.execute(
-                "CREATE TABLE bub_schema_version ("
-                " version integer PRIMARY KEY, applied text NOT NULL)"
-            )
-        for step in range(found + 1, version + 1):
-            for statement in migrations[step]:
-                await conn.execute(statement)
-            await conn.execute(
-                "INSERT INTO bub_schema_version (version, applied) VALUES ($1, $2)",
-                step,
-                utc_now(),
-            )
-    return version
 
 
 async def _lock_tape(

@@ -15,6 +15,7 @@ import aiosqlite
 
 from .entries import TapeEntry, utc_now
 from .names import SIDECAR_SEP, archive_name, tape_role
+from .schema import SQLITE_VERSION, migrate_sqlite
 from .store import (
     AnchorNotFound,
     DedupeRecord,
@@ -34,47 +35,6 @@ from .store import (
     with_ids,
 )
 
-SCHEMA_VERSION = 1
-"""The schema this code writes; kept in `PRAGMA user_version`."""
-
-# MIGRATIONS[n] takes a database from version n-1 to n; a new file runs them all from 1.
-# The next schema change appends MIGRATIONS[2] and bumps SCHEMA_VERSION: opening an older file
-# upgrades it in one transaction, and an older bub-bot refuses the newer file untouched.
-MIGRATIONS: dict[int, str] = {
-    1: """
-CREATE TABLE IF NOT EXISTS tapes (
-    id          INTEGER PRIMARY KEY,
-    name        TEXT NOT NULL UNIQUE,
-    role        TEXT NOT NULL,               -- live | sidecar | archive
-    session_id  TEXT,
-    created     TEXT NOT NULL,
-    updated     TEXT NOT NULL                -- set on create, rename and reset only
-);
-CREATE TABLE IF NOT EXISTS entries (
-    tape    INTEGER NOT NULL,
-    id      INTEGER NOT NULL,
-    kind    TEXT NOT NULL,
-    name    TEXT,                            -- anchor/event name or message role
-    payload TEXT NOT NULL,
-    meta    TEXT NOT NULL,
-    date    TEXT NOT NULL,
-    UNIQUE (tape, id)
-);
--- Counters come from indexes (max id, anchors by id), not from a tapes row rewritten on
--- every append. Partial indexes: only anchors and events are looked up by name, so message
--- and tool entries (most of a tape) cost no index writes beyond (tape, id).
-CREATE INDEX IF NOT EXISTS anchors_by_id ON entries (tape, id) WHERE kind = 'anchor';
-CREATE INDEX IF NOT EXISTS anchors_by_name ON entries (tape, name, id) WHERE kind = 'anchor';
-CREATE INDEX IF NOT EXISTS events_by_name ON entries (tape, name, id) WHERE kind = 'event';
-CREATE TABLE IF NOT EXISTS dedupe (
-    key      TEXT PRIMARY KEY,
-    tape     TEXT NOT NULL,
-    entry_id INTEGER NOT NULL,
-    date     TEXT NOT NULL
-);
-""",
-}
-
 T = TypeVar("T")
 
 
@@ -87,7 +47,7 @@ class SQLiteTapeStore(StoreBase):
         self._conn = conn
         self.path = path
         self.location = path
-        self.schema_version = SCHEMA_VERSION
+        self.schema_version = SQLITE_VERSION
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -114,7 +74,7 @@ class SQLiteTapeStore(StoreBase):
             raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
         store = cls(conn, location)
         try:
-            await store._run(migrate)
+            await store._run(migrate_sqlite)
         except sqlite3.Error as exc:
             await conn.close()
             cause = str(exc)
@@ -239,42 +199,6 @@ class SQLiteTapeStore(StoreBase):
 
 
 # -- functions run on the database thread --------------------------------------------------
-def migrate(
-    conn: sqlite3.Connection,
-    migrations: dict[int, str] = MIGRATIONS,
-    version: int = SCHEMA_VERSION,
-) -> None:
-    """Bring the file to schema `version` (running the missing `migrations` in order, in one
-    transaction); refuse a newer file before changing anything in it."""
-    conn.execute("PRAGMA busy_timeout = 10000")
-    # Refuse a newer file before changing anything in it (not even its journal mode).
-    found = conn.execute("PRAGMA user_version").fetchone()[0]
-    if found > version:
-        raise TapeStoreError(
-            f"schema version {found} is newer than this bub-bot supports ({version});"
-            " upgrade bub-bot"
-        )
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() not in ("wal", "memory"):
-        raise TapeStoreError(f"could not switch to WAL (journal_mode is {mode})")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    if found == version:
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        # Read again under the write lock: another process may have upgraded meanwhile.
-        found = conn.execute("PRAGMA user_version").fetchone()[0]
-        for step in range(found + 1, version + 1):
-            for statement in migrations[step].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {step}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
 def _ping(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     conn.execute("ROLLBACK")
