@@ -1,6 +1,6 @@
 """Crash-test helper (run by test_tape_reset_crash.py): append, spill, reset — until killed.
 
-Usage: python tests/tape_crash_child.py <db path> <tape name>
+Usage: python tests/tape_crash_child.py <database URL or SQLite path> <tape name>
 
 Prints `ready` once the store is open, then `reset <n>` after each committed reset. A second
 tape ("<tape>-other") gets appends concurrently so more than one tape is written when the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bub_bot.tape import SQLiteTapeStore, Tape, TapeEntry
+from bub_bot.tape import Tape, TapeEntry, open_store
 
 
 async def churn(tape: Tape) -> None:
@@ -29,7 +29,7 @@ async def churn(tape: Tape) -> None:
 
 
 async def main(path: str, name: str) -> None:
-    store = await SQLiteTapeStore.open(path)
+    store = await open_store(path)
     tape = Tape(store, name, session_id="crash:test")
     await tape.ensure_bootstrap_anchor()
     spill = tape.sidecar("spill")

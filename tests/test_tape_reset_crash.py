@@ -1,4 +1,5 @@
-"""reset(archive=True) is atomic: SIGKILL a process in a reset loop, reopen, check invariants."""
+"""reset(archive=True) is atomic: SIGKILL a process in a reset loop, reopen, check invariants
+(on a SQLite file and on a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from bub_bot.tape import BOOTSTRAP_ANCHOR, SQLiteTapeStore, sidecar_name
+from bub_bot.tape import BOOTSTRAP_ANCHOR, TapeStore, open_store, sidecar_name
+from bub_bot.tape.names import tape_role
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("tape_crash_child.py")
@@ -19,13 +21,13 @@ TAPE = "crashtape"
 RESETS_BEFORE_KILL = 20
 
 
-async def run_and_kill(db: Path, rng: random.Random) -> int:
+async def run_and_kill(db: str, rng: random.Random) -> int:
     """Start the child, wait for some resets, SIGKILL it at a random moment; resets it printed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(CHILD),
-        str(db),
+        db,
         TAPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -58,35 +60,45 @@ async def run_and_kill(db: Path, rng: random.Random) -> int:
     return printed
 
 
-def check_raw(db: Path) -> tuple[dict[str, list[tuple]], dict[str, str]]:
-    """File-level invariants with plain sqlite3; returns entries per tape and roles."""
-    conn = sqlite3.connect(db)
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        tapes = conn.execute("SELECT id, name, role FROM tapes").fetchall()
+async def orphans(store: TapeStore) -> int:
+    """Entry rows whose tape row is gone, counted around the store."""
+    if store.kind == "sqlite":
+        conn = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        try:
+            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            return conn.execute(
+                "SELECT count(*) FROM entries WHERE tape NOT IN (SELECT id FROM tapes)"
+            ).fetchone()[0]
+        finally:
+            conn.close()
+    async with store.pool.acquire() as conn:  # type: ignore[attr-defined]
+        return await conn.fetchval(
+            "SELECT count(*) FROM bub_entries WHERE tape NOT IN (SELECT id FROM bub_tapes)"
+        )
+
+
+async def read_all(db: str) -> tuple[dict[str, list[tuple]], dict[str, str]]:
+    """Every tape's entries (id, kind, name, payload JSON) and role; ids checked dense."""
+    async with open_store(db) as store:
+        assert await orphans(store) == 0
         per_tape: dict[str, list[tuple]] = {}
         roles: dict[str, str] = {}
-        for row_id, name, role in tapes:
-            rows = conn.execute(
-                "SELECT id, kind, name, payload FROM entries WHERE tape = ? ORDER BY id", (row_id,)
-            ).fetchall()
+        for summary in await store.list_tapes(include_all=True):
+            rows = [
+                (e.id, e.kind, e.name, json.dumps(e.payload))
+                for e in await store.query(summary.name)
+            ]
             ids = [r[0] for r in rows]
             # Dense 1..N (counters are derived from these rows, so they agree by design).
-            assert ids == list(range(1, len(ids) + 1)), (name, ids[:10])
-            per_tape[name] = rows
-            roles[name] = role
-        orphans = conn.execute(
-            "SELECT count(*) FROM entries WHERE tape NOT IN (SELECT id FROM tapes)"
-        ).fetchone()[0]
-        assert orphans == 0
+            assert ids == list(range(1, len(ids) + 1)), (summary.name, ids[:10])
+            per_tape[summary.name] = rows
+            roles[summary.name] = tape_role(summary.name)
         return per_tape, roles
-    finally:
-        conn.close()
 
 
-def check_invariants(db: Path) -> int:
+async def check_invariants(db: str) -> int:
     """All reset invariants; returns the number of archives."""
-    per_tape, roles = check_raw(db)
+    per_tape, roles = await read_all(db)
     assert TAPE in per_tape, "the live tape vanished"
     assert roles[TAPE] == "live"
 
@@ -137,8 +149,8 @@ def check_invariants(db: Path) -> int:
     return len(archives)
 
 
-async def check_through_store(db: Path) -> None:
-    async with await SQLiteTapeStore.open(db) as store:
+async def check_through_store(db: str) -> None:
+    async with open_store(db) as store:
         live = {t.name for t in await store.list_tapes()}
         assert live == {TAPE, f"{TAPE}-other"}
         first = await store.query(TAPE, limit=1)
@@ -150,14 +162,14 @@ async def check_through_store(db: Path) -> None:
         assert await store.query(sidecar_name(archived, "spill"))
 
 
-async def test_sigkill_during_reset_loop_keeps_tapes_consistent(tmp_path):
-    db = tmp_path / "crash.db"
+async def test_sigkill_during_reset_loop_keeps_tapes_consistent(store_url: str):
+    db = store_url
     rng = random.Random()
     printed_total = 0
     for round_ in range(3):
         printed = await run_and_kill(db, rng)
         printed_total += printed
-        archives = check_invariants(db)
+        archives = await check_invariants(db)
         # Every reset the child reported is durable; at most one per kill committed unreported.
         assert printed_total <= archives <= printed_total + round_ + 1
         await check_through_store(db)

@@ -1,12 +1,14 @@
 """PostgreSQL tape store: an asyncpg pool; dense per-tape ids under writers in many processes.
 
-Concurrency: a write group is one transaction that first locks its tape's row (`SELECT … FOR
-UPDATE`, creating the row if needed), then inserts after the tape's last id. Writers of one
-tape — in any process on any machine — queue on that row lock; writers of different tapes
-never wait for each other. Under READ COMMITTED every statement sees what committed before it
-started, so the insert that follows the lock sees the previous writer's entries: ids stay dense
-and gap-free (no sequence; a rolled-back write reserves nothing). Dedupe keys are a primary key
-in the same transaction, so one delivery reaching two processes is stored once.
+Concurrency: ids come from the tape row's `last_id`, moved by an UPDATE in the same statement
+(or transaction) that inserts the entries. The UPDATE takes the row's lock and, under READ
+COMMITTED, works on the newest committed row once it has it, so writers of one tape — in any
+process on any machine — get consecutive ranges one after the other, and writers of different
+tapes never wait for each other. A rolled-back write moves nothing: ids stay dense and
+gap-free. A plain append is that one statement (one round trip); a group with dedupe keys or
+an anchor condition is a transaction that locks the row first (`SELECT … FOR UPDATE`), then
+decides. Dedupe keys are a primary key written in the same transaction, so one delivery
+reaching two processes is stored once.
 
 Text columns use the "C" collation: dates compare as the ISO strings they are, names and keys
 sort by bytes (the same order as SQLite), and `lower()` folds ASCII only, as SQLite's does.
@@ -112,9 +114,14 @@ class PostgresTapeStore(StoreBase):
                 # adds latency.
                 server_settings={"application_name": "bub-bot", "jit": "off"},
             )
-        except (OSError, TimeoutError, ValueError, OverflowError, asyncpg.PostgresError) as exc:
-            raise fail(exc) from None
-        except asyncpg.InterfaceError as exc:
+        except (
+            OSError,
+            TimeoutError,
+            ValueError,
+            OverflowError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+        ) as exc:
             raise fail(exc) from None
         try:
             version = await migrate_postgres(pool)
@@ -334,6 +341,15 @@ class PostgresTapeStore(StoreBase):
         async with self.pool.acquire() as conn:
             rows = [TapeSummary(*r) for r in await conn.fetch(sql)]
         return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
+
+    async def session_tapes(self, session_id: str) -> list[str]:
+        """The live tapes of a session id (one per workspace it was used in)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT name FROM bub_tapes WHERE session_id = $1 AND role = 'live' ORDER BY id",
+                session_id,
+            )
+        return [row[0] for row in rows]
 
     async def is_duplicate(self, key: str) -> bool:
         """Whether a dedupe key has been recorded."""
