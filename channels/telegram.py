@@ -12,7 +12,9 @@ Outbound (`telegram_outbox`): the model's Markdown becomes Telegram HTML, cut at
 units, and every message is paced within Telegram's send limits, fairly across chats. A piece
 Telegram cannot parse is re-sent as its original Markdown; a 429 pauses the chat and re-sends
 only that piece; a connection lost after the request may have reached Telegram is reported as
-`DeliveryUnknown` and never re-sent blindly (aiogram itself never retries).
+`DeliveryUnknown` and never re-sent blindly (aiogram itself never retries). Streaming
+(`telegram_stream`): a draft in private chats, a message edited in place in groups, paced the
+same way.
 
 The token is part of every Bot API URL, so nothing here logs URLs or raw aiohttp errors.
 """
@@ -27,7 +29,7 @@ import logging
 import mimetypes
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -51,6 +53,7 @@ from bub_bot.config import ConfigError, Settings
 
 from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
+from .telegram_stream import Drafts, TelegramStream
 from .telegram_updates import Malformed, RawGetUpdates, parse_body, read_update, update_id
 
 log = logging.getLogger("channels.telegram")
@@ -120,6 +123,7 @@ class TelegramChannel:
             retry_base=retry_base,
             typing_interval=typing_interval,
         )
+        self._drafts = Drafts()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -567,6 +571,23 @@ class TelegramChannel:
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self._outbox.working(target)
+
+    def stream(
+        self, target: dict[str, Any], shown: Sequence[str | None] = ()
+    ) -> TelegramStream | None:
+        """The reply shown while it is written: a draft in private chats, a message edited
+        in place in groups (channels/telegram_stream.py)."""
+        if "chat_id" not in target:
+            return None
+        return TelegramStream(
+            self._outbox,
+            target,
+            shown,
+            route=self._route,
+            drafts=self._drafts,
+            scrub=self._scrub,
+            retry_base=self.retry_base,
+        )
 
     def _route(self, chat_id: int) -> int:
         seen = {chat_id}

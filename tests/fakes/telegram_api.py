@@ -9,6 +9,12 @@ and supports one-shot fault injection. Builder methods produce realistic update 
 ``enforce_limits()`` turns on Telegram's send limits (messages per second overall, per chat,
 per group): past them the fake answers 429 with ``retry_after`` and counts how often the bot
 came back before it was told it could (``FloodControl``). Off by default.
+
+Streaming: ``sendMessageDraft`` (private chats only, like the real one) is recorded in
+``drafts``, ``deleteMessage`` removes a message; ``call_times`` holds the arrival time
+(``time.monotonic()``) of every call in ``calls`` and ``timed(method)`` pairs them up;
+``visible(chat_id)`` is what the chat shows now (bot messages after edits and deletions).
+Remove ``"sendMessageDraft"`` from ``methods`` for a Bot API without drafts (404).
 """
 
 from __future__ import annotations
@@ -287,8 +293,11 @@ class FakeTelegram:
         self.bot_id = int(token.split(":", 1)[0])
         self.base_url = ""
         self.calls: list[tuple[str, Params]] = []
+        self.call_times: list[float] = []
         self.sent: list[Params] = []
         self.edited: list[Params] = []
+        self.drafts: list[Params] = []
+        self.deleted: list[tuple[int, int]] = []
         self.bot_message_ids: dict[int, list[int]] = defaultdict(list)
         self.files: dict[str, tuple[bytes, str]] = {}
         self.commands: dict[str, list[Params]] = {}
@@ -307,6 +316,8 @@ class FakeTelegram:
             "getUpdates": self._get_updates,
             "sendMessage": self._send_message,
             "editMessageText": self._edit_message_text,
+            "sendMessageDraft": self._send_message_draft,
+            "deleteMessage": self._delete_message,
             "sendChatAction": self._true,
             "setMyCommands": self._set_my_commands,
             "getMyCommands": self._get_my_commands,
@@ -412,6 +423,22 @@ class FakeTelegram:
     def calls_of(self, method: str) -> list[Params]:
         """Params of every recorded call of ``method``."""
         return [p for name, p in self.calls if name == method]
+
+    def timed(self, *methods: str) -> list[tuple[float, str, Params]]:
+        """(arrival time, method, params) of every call of ``methods``, in order."""
+        return [
+            (t, name, p)
+            for t, (name, p) in zip(self.call_times, self.calls, strict=True)
+            if name in methods
+        ]
+
+    def visible(self, chat_id: int) -> list[str]:
+        """The texts of the bot's messages in ``chat_id`` as the chat shows them now."""
+        return [
+            self.messages[(chat_id, mid)]["text"]
+            for mid in self.bot_message_ids[chat_id]
+            if (chat_id, mid) in self.messages
+        ]
 
     @property
     def pending_updates(self) -> list[Params]:
@@ -607,6 +634,7 @@ class FakeTelegram:
             raw.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
         params = {k: _decode(k, v) for k, v in raw.items()}
         self.calls.append((method, params))
+        self.call_times.append(time.monotonic())
         fault = self._faults[method].popleft() if self._faults[method] else None
         if fault and fault.drop and not fault.after_processing:
             return self._drop(request)
@@ -726,6 +754,24 @@ class FakeTelegram:
         self.messages[key] = new
         self.edited.append(new)
         return new
+
+    async def _send_message_draft(self, p: Params) -> bool:
+        chat_id = int(p.get("chat_id") or 0)
+        if chat_id <= 0:
+            raise ApiError(400, "Bad Request: drafts can be sent only to private chats")
+        if not int(p.get("draft_id") or 0):
+            raise ApiError(400, "Bad Request: draft_id must be non-zero")
+        text, ents = ("", []) if not p.get("text") else self._render(p)
+        self.drafts.append({**p, "text": text, "entities": ents, "time": time.monotonic()})
+        return True
+
+    async def _delete_message(self, p: Params) -> bool:
+        key = (int(p.get("chat_id") or 0), int(p.get("message_id") or 0))
+        if key not in self.messages:
+            raise ApiError(400, "Bad Request: message to delete not found")
+        del self.messages[key]
+        self.deleted.append(key)
+        return True
 
     @staticmethod
     def commands_key(p: Params) -> str:
