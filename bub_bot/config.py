@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     database_pool_size: int = Field(default=10, ge=1, le=1000)
     # Unset: $BUB_HOME/workspace, not the working directory (where the quick start keeps .env).
     workspace: Path = Field(default=None, validate_default=False)  # type: ignore[assignment]
+    # Workspace per conversation: a JSON file of rules (see bub_bot/workspaces.py)
+    workspace_map: Path | None = None
     # MCP servers: a JSON file in the mcpServers format (see bub_bot/agent/mcp/config.py)
     mcp_config: Path | None = None
 
@@ -177,7 +179,7 @@ class Settings(BaseSettings):
         parse_rate(value)
         return value
 
-    @field_validator("mcp_config", "stream_interval_ms", mode="before")
+    @field_validator("mcp_config", "workspace_map", "stream_interval_ms", mode="before")
     @classmethod
     def _unset_if_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -303,6 +305,10 @@ class Settings(BaseSettings):
             from .agent.mcp.config import load_mcp_config  # here: agent imports this module
 
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
+        if self.workspace_map is not None:
+            from .workspaces import load_workspace_map  # here: it imports this module
+
+            load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
         return self
 
 

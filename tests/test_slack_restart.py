@@ -1,5 +1,6 @@
 """`bub-bot serve` in a subprocess, Slack HTTP mode: SIGKILL in the middle of a turn, start
-again, and the mention is answered exactly once."""
+again, and the mention is answered exactly once, in the workspace the conversation started in
+(BUB_WORKSPACE_MAP), even though the map changed meanwhile."""
 
 from __future__ import annotations
 
@@ -85,12 +86,24 @@ async def _post(port: int, payload: dict, headers: dict[str, str] | None = None)
         return resp.status
 
 
+def _workspace_map(tmp_path: Path, target: Path) -> Path:
+    path = tmp_path / f"map-{target.name}.json"
+    rule = {"match": "slack:T1:C1:*", "path": str(target)}
+    path.write_text(json.dumps({"workspaces": [rule]}))
+    return path
+
+
 async def test_sigkill_mid_turn_then_restart_answers_once(
     tmp_path: Path, fake_openai: FakeOpenAI
 ) -> None:
+    mapped, moved = tmp_path / "backend", tmp_path / "elsewhere"
+    for directory in (mapped, moved):
+        directory.mkdir()
+        (directory / "AGENTS.md").write_text(f"You work in the {directory.name.upper()} repo.")
     async with FakeSlack() as slack:
         port = _free_port()
         env = _env(tmp_path, slack, fake_openai, port)
+        env["BUB_WORKSPACE_MAP"] = str(_workspace_map(tmp_path, mapped))
         log_path = tmp_path / "serve.log"
         fake_openai.script(slow(text("never delivered"), 60))
         with log_path.open("ab") as log:
@@ -110,6 +123,8 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
                 await proc.wait()
             assert slack.posts == []
 
+            # The map changes before the restart: it applies to new conversations only.
+            env["BUB_WORKSPACE_MAP"] = str(_workspace_map(tmp_path, moved))
             proc = await _serve(env, tmp_path, log)
             try:
                 await slack.wait_for(lambda: len(slack.posts) >= 1, timeout=20)
@@ -123,8 +138,10 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
         assert [(p["text"], p.get("thread_ts")) for p in slack.posts] == [
             ("echo: survive a crash", ts)
         ]
+        resumed = fake_openai.completion_requests()[-1].body["messages"][0]["content"]
+        assert "BACKEND repo" in resumed and "ELSEWHERE" not in resumed
         async with SQLiteTapeStore.open(tmp_path / "home" / "bub.db") as store:
-            tape = Tape.for_session(store, f"slack:T1:C1:{ts}", tmp_path)
+            tape = Tape.for_session(store, f"slack:T1:C1:{ts}", mapped)
             entries = await tape.query()
         users = [e for e in entries if e.kind == "message" and e.payload["role"] == "user"]
         sent = [e for e in entries if e.kind == "event" and e.payload["name"] == "reply.sent"]

@@ -20,6 +20,7 @@ from .. import commands
 from ..agent import Agent, Progress
 from ..config import Settings
 from ..tape import BOOTSTRAP_ANCHOR, Tape, TapeEntry, TapeStore
+from ..workspaces import load_workspace_map
 from .command_runner import CommandRunner
 from .delivery import Delivery
 from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
@@ -61,6 +62,9 @@ class Runtime:
         """Called with (event, data) for metrics: inbound, turn, reply."""
         self.last_inbound: dict[str, float] = {}
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        self.workspaces = load_workspace_map(settings.workspace_map, settings.workspace)
+        self._workspaces: dict[str, Path] = {}
+        """Workspaces decided for sessions seen by this process (BUB_WORKSPACE_MAP)."""
         self._moved: dict[str, str | None] = {}
         """Session ids that continue another session's tape (`move_session`); None: not."""
         self.delivery = Delivery(self.channels, self._emit, settings)
@@ -97,9 +101,14 @@ class Runtime:
         Returns once the message is on disk; a re-delivery returns `Received(new=False)`
         and changes nothing.
         """
-        moved_to = await self._moved_to(inbound.session_id, inbound.workspace)
+        moved_to = await self._moved_to(
+            inbound.session_id, await self._workspace_for(inbound.session_id, inbound.workspace)
+        )
         if moved_to is not None:
             inbound = dataclasses.replace(inbound, session_id=moved_to)
+        workspace = await self._workspace_for(inbound.session_id, inbound.workspace)
+        if workspace != inbound.workspace:
+            inbound = dataclasses.replace(inbound, workspace=workspace)
         # Only look the session up here: a duplicate must not leave a Session behind.
         known = self._sessions.get(inbound.session_id)
         tape = (
@@ -170,9 +179,38 @@ class Runtime:
 
     async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
         """Whether this session's tape has anything on it (e.g. the bot answered there)."""
-        session_id = await self._moved_to(session_id, workspace) or session_id
-        tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
+        workspace = await self._workspace_for(session_id, workspace)
+        moved = await self._moved_to(session_id, workspace)
+        if moved is not None:
+            session_id, workspace = moved, await self._workspace_for(moved, None)
+        tape = Tape.for_session(self.store, session_id, workspace)
         return bool(await self.store.query(tape.name, limit=1))
+
+    async def _workspace_for(self, session_id: str, given: Path | None) -> Path:
+        """The session's workspace: the channel's choice, else the one it started in (a
+        changed BUB_WORKSPACE_MAP applies to new sessions only), else the map's rule."""
+        if given is not None:
+            return given
+        if not self.workspaces.rules:
+            return self.settings.workspace
+        known = self._workspaces.get(session_id)
+        if known is not None:
+            return known
+        rule = self.workspaces.rule_for(session_id)
+        planned = rule.directory(session_id) if rule is not None else self.settings.workspace
+        found: Path | None = None
+        names = await self.store.session_tapes(session_id)
+        if names:
+            if Tape.for_session(self.store, session_id, planned).name in names:
+                found = planned
+            else:  # started before the map changed: it stays where it started
+                found = await self._recorded_workspace(Tape(self.store, names[-1], session_id))
+        if found is None:
+            found = self.workspaces.resolve(session_id)
+            log.info("workspace.assigned session=%s workspace=%s", session_id, found)
+        if len(self._workspaces) < 100_000:
+            self._workspaces[session_id] = found
+        return found
 
     async def move_session(self, old: str, new: str, workspace: Path | None = None) -> None:
         """From now on, messages for session `new` continue the tape of `old` (a Telegram

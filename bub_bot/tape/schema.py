@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 # -- SQLite -------------------------------------------------------------------------------
-SQLITE_VERSION = 1
+SQLITE_VERSION = 2
 """The schema this code writes; kept in `PRAGMA user_version`."""
 
 SQLITE_MIGRATIONS: dict[int, str] = {
@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS dedupe (
     entry_id INTEGER NOT NULL,
     date     TEXT NOT NULL
 );
+""",
+    # A session's live tapes by session id (a workspace map that changed keeps a started
+    # conversation in the workspace it started in).
+    2: """
+CREATE INDEX IF NOT EXISTS tapes_by_session ON tapes (session_id) WHERE role = 'live';
 """,
 }
 
@@ -96,7 +101,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 1
+POSTGRES_VERSION = 2
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
@@ -136,6 +141,9 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
             entry_id  bigint NOT NULL,
             date      text NOT NULL
         )""",
+    ),
+    2: (
+        "CREATE INDEX bub_tapes_by_session ON bub_tapes (session_id) WHERE role = 'live'",
     ),
 }
 

@@ -197,6 +197,10 @@ class SQLiteTapeStore(StoreBase):
         """Recorded dedupe keys greater than `after`, in key order."""
         return await self._run(_dedupe_records, after, limit)
 
+    async def session_tapes(self, session_id: str) -> list[str]:
+        """The live tapes of a session id (one per workspace it was used in)."""
+        return await self._run(_session_tapes, session_id)
+
 
 # -- functions run on the database thread --------------------------------------------------
 def _ping(conn: sqlite3.Connection) -> None:
@@ -474,3 +478,11 @@ def _dedupe_records(conn: sqlite3.Connection, after: str, limit: int) -> list[De
         (after, limit),
     )
     return [DedupeRecord(*r) for r in rows]
+
+
+def _session_tapes(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT name FROM tapes WHERE session_id = ? AND role = 'live' ORDER BY id",
+        (session_id,),
+    )
+    return [row[0] for row in rows]

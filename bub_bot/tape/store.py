@@ -162,6 +162,9 @@ class TapeStore(Protocol):
     async def is_duplicate(self, key: str) -> bool:
         """Whether a dedupe key has been recorded."""
 
+    async def session_tapes(self, session_id: str) -> list[str]:
+        """The live tapes of a session id (one per workspace it was used in), an index lookup."""
+
     # -- copying between stores (`bub-bot tapes copy`) -----------------------------------------
     async def append_copies(
         self,
