@@ -76,12 +76,13 @@ class PostgresCluster:
         turn them off, their data is thrown away."""
         self.durable = durable
         self.bindir = find_bindir()
-        self.root = Path(tempfile.mkdtemp(prefix="bub-pg-"))
+        self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        # As root, under /tmp: the `postgres` user must be able to reach the directory.
+        self.root = Path(tempfile.mkdtemp(prefix="bub-pg-", dir="/tmp" if self._as_root else None))
         self.data = self.root / "data"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: BinaryIO | None = None
-        self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self._counter = 0
         self._shared = ""
         if self._as_root:
@@ -116,25 +117,32 @@ class PostgresCluster:
             account = pwd.getpwnam("postgres")
             os.chown(pwfile, account.pw_uid, account.pw_gid)
         # C.UTF-8 (not C): lower() folds non-ASCII here as on real servers, so a query that
-        # forgets its COLLATE "C" fails a test instead of passing by luck.
-        subprocess.run(
-            self._cmd(
-                str(self.bindir / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                USER,
-                f"--pwfile={pwfile}",
-                "--auth-host=scram-sha-256",
-                "--auth-local=trust",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-                "--no-sync",
-            ),
-            check=True,
-            capture_output=True,
-        )
+        # forgets its COLLATE "C" fails a test instead of passing by luck. Systems without
+        # that locale (macOS) fall back to C.
+        for locale in ("C.UTF-8", "C"):
+            shutil.rmtree(self.data, ignore_errors=True)
+            made = subprocess.run(
+                self._cmd(
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    USER,
+                    f"--pwfile={pwfile}",
+                    "--auth-host=scram-sha-256",
+                    "--auth-local=trust",
+                    "-E",
+                    "UTF8",
+                    f"--locale={locale}",
+                    "--no-sync",
+                ),
+                capture_output=True,
+                text=True,
+            )
+            if made.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"initdb failed in {self.root}:\n{made.stderr[-2000:]}")
         self._log = open(self.root / "server.log", "ab")
         speed = (
             [] if self.durable else ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]

@@ -179,3 +179,20 @@ def test_copy_arguments(monkeypatch, capsys, tmp_path) -> None:
     with pytest.raises(SystemExit):
         run(monkeypatch, capsys, db, "tapes", "copy")  # --to is required
     assert "--to" in capsys.readouterr().err
+
+
+async def copy_first(source: str, destination: str, name: str, count: int) -> None:
+    async with open_store(source) as src, open_store(destination) as dst:
+        await dst.append_copies(name, await src.query(name, limit=count))
+
+
+def test_interrupted_copy_continues_where_it_stopped(monkeypatch, capsys, tmp_path, pg_url):
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    asyncio.run(build_source(source))
+    sizes = {n: len(asyncio.run(entries_of(source, n))) for n in asyncio.run(names_of(source))}
+    long_tape = max(sizes, key=lambda n: sizes[n])
+    asyncio.run(copy_first(source, pg_url, long_tape, 1000))  # as if killed after a batch
+    code, out, err = run(monkeypatch, capsys, source, "tapes", "copy", "--to", pg_url)
+    assert code == 0, err
+    assert f"{long_tape}: 2,502 entries, 1,502 copied, verified" in out
+    assert [e.id for e in asyncio.run(entries_of(pg_url, long_tape))] == list(range(1, 2503))
