@@ -613,6 +613,19 @@ async def test_lone_surrogates_and_nul_are_stored_safely(store):
     assert listed.session_id is not None and listed.session_id.startswith("s")
 
 
+async def test_session_tapes_are_the_live_tapes_of_a_session(store):
+    await store.append("ws1__s", msg("a"))  # no session id recorded
+    for name in ("ws1__s", "ws2__s", "ws1__other"):
+        session = "other" if name.endswith("other") else "telegram:1\x00"
+        await store.append_many(name, [msg(name)], session_id=session)
+    await store.append_many(
+        sidecar_name("ws1__s", "spill"), [msg("x")], session_id="telegram:1\x00"
+    )
+    await store.archive("ws2__s")  # the live tape stays (empty), the archive is not live
+    assert await store.session_tapes("telegram:1\x00") == ["ws1__s", "ws2__s"]
+    assert await store.session_tapes("nobody") == []
+
+
 async def test_ping_and_probe_leave_nothing_behind(store):
     await store.ping()
     await store.probe()
@@ -808,3 +821,32 @@ async def test_open_upgrades_an_older_file_in_one_step(tmp_path):
         raw.close()
     error = await open_error(path)
     assert_one_line_naming(error, path, f"schema version {nxt} is newer")
+
+
+async def test_reset_of_a_tape_never_written_archives_nothing(store):
+    tape = Tape(store, "never", session_id="cli:never")
+    assert await tape.reset(archive=True) is None
+    [start] = await tape.query()
+    assert start.payload == {"name": "session/start", "state": {"owner": "human"}}
+    assert [t.name for t in await store.list_tapes(include_all=True)] == ["never"]
+    with pytest.raises(TapeStoreError, match="nothing to archive"):
+        await store.archive("not-there")
+
+
+async def test_reset_does_not_carry_copies_made_after_an_anchor(store):
+    """Older tapes marked copies inbound too: a copy was answered and is never carried."""
+    tape = Tape(store, "t", session_id="cli:local")
+    await tape.ensure_bootstrap_anchor()
+    original = await tape.append(
+        TapeEntry.message({"role": "user", "content": "secret"}, inbound=True, channel="c")
+    )
+    command = await tape.append(TapeEntry.event("command", {"name": "reset"}, inbound=True))
+    await tape.append(
+        TapeEntry.message({"role": "user", "content": "secret"}, inbound=True, copy_of=original.id)
+    )
+    await tape.append(
+        TapeEntry.message({"role": "user", "content": "queued"}, inbound=True, channel="c")
+    )
+    await tape.reset(archive=True, carry_inbound_after=command.id)
+    users = [e.payload["content"] for e in await tape.query(kinds=["message"])]
+    assert users == ["queued"]

@@ -234,10 +234,12 @@ class PostgresTapeStore(StoreBase):
     ) -> str | None:
         """Clear `tape` and its sidecars in one transaction; returns the archive name (see
         TapeStore). Archiving renames tape rows: O(1) in the entries."""
-        archived = archive_name(tape) if archive else None
-        rows = [entry_row(e) for e in (first(archived) if first else ())]
-        await self._write(_reset, tape, archived, rows, carry_inbound_after, utc_now())
-        return archived
+        name = archive_name(tape) if archive else None
+
+        def rows(archived: str | None) -> list[Row]:
+            return [entry_row(e) for e in (first(archived) if first else ())]
+
+        return await self._write(_reset, tape, name, rows, carry_inbound_after, utc_now())
 
     async def append_copies(
         self,
@@ -347,7 +349,7 @@ class PostgresTapeStore(StoreBase):
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT name FROM bub_tapes WHERE session_id = $1 AND role = 'live' ORDER BY id",
-                session_id,
+                safe_text(session_id),
             )
         return [row[0] for row in rows]
 
@@ -517,10 +519,10 @@ async def _reset(
     conn: asyncpg.Connection,
     tape: str,
     archived: str | None,
-    rows: list[Row],
+    make_rows: Callable[[str | None], list[Row]],
     carry_after: int | None,
     now: str,
-) -> None:
+) -> str | None:
     # Lock the tape and its sidecars (in id order, as every reset does) for the transaction.
     family = await conn.fetch(
         "SELECT id, name, session_id FROM bub_tapes"
@@ -529,6 +531,9 @@ async def _reset(
         tape + SIDECAR_SEP,
     )
     session = next((r for r in family if r["name"] == tape), None)
+    if session is None:
+        archived = None  # never written: nothing to archive
+    rows = make_rows(archived)
     if carry_after is not None and session is not None:
         later = await conn.fetch(
             "SELECT kind, name, payload, meta, date FROM bub_entries"
@@ -554,6 +559,7 @@ async def _reset(
     await _lock_tape(conn, tape, session["session_id"] if session else None, now)
     if rows:
         await _allocate_and_insert(conn, tape, rows, None)
+    return archived
 
 
 def _entries_sql(

@@ -148,10 +148,12 @@ class SQLiteTapeStore(StoreBase):
     ) -> str | None:
         """Clear `tape` and its sidecars in one transaction; returns the archive name (see
         TapeStore). Archiving renames tape rows: O(1) in the entries."""
-        archived = archive_name(tape) if archive else None
-        rows = [entry_row(e) for e in (first(archived) if first else ())]
-        await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
-        return archived
+        name = archive_name(tape) if archive else None
+
+        def rows(archived: str | None) -> list[Row]:
+            return [entry_row(e) for e in (first(archived) if first else ())]
+
+        return await self._run(_reset, tape, name, rows, carry_inbound_after, utc_now())
 
     async def append_copies(
         self,
@@ -199,7 +201,7 @@ class SQLiteTapeStore(StoreBase):
 
     async def session_tapes(self, session_id: str) -> list[str]:
         """The live tapes of a session id (one per workspace it was used in)."""
-        return await self._run(_session_tapes, session_id)
+        return await self._run(_session_tapes, safe_text(session_id))
 
 
 # -- functions run on the database thread --------------------------------------------------
@@ -347,15 +349,18 @@ def _reset(
     conn: sqlite3.Connection,
     tape: str,
     archived: str | None,
-    rows: list[Row],
+    make_rows: Callable[[str | None], list[Row]],
     carry_after: int | None,
     now: str,
-) -> None:
+) -> str | None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         session = conn.execute(
             "SELECT id, session_id FROM tapes WHERE name = ?", (tape,)
         ).fetchone()
+        if session is None:
+            archived = None  # never written: nothing to archive
+        rows = make_rows(archived)
         if carry_after is not None and session is not None:
             later = conn.execute(
                 "SELECT kind, name, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
@@ -380,6 +385,7 @@ def _reset(
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    return archived
 
 
 def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
