@@ -117,7 +117,8 @@ class TapeStore(Protocol):
         first: FirstEntries | None = None,
         carry_inbound_after: int | None = None,
     ) -> str | None:
-        """Clear `tape` and its sidecars in one transaction; returns the archive name.
+        """Clear `tape` and its sidecars in one transaction; returns the archive name (None
+        without `archive`, or when the tape was never written: there was nothing to archive).
 
         With `archive` the tape and its sidecars move under a fresh archive name (nothing is
         deleted); without it they are deleted. `first(archive_name)` gives the entries the
@@ -244,12 +245,14 @@ def row_entry(id_: int, kind: str, payload: str, meta: str, date_: str) -> TapeE
 
 
 def is_inbound(meta: str) -> bool:
-    """Whether stored meta marks an inbound message (carried over a reset)."""
+    """Whether stored meta marks an inbound message as it arrived (carried over a reset); a
+    copy made after an anchor was answered already (older tapes marked copies inbound too)."""
     # Stored meta is compact JSON, so the key reads `"inbound":`; cheap test first.
     if '"inbound":' not in meta:
         return False
-    value = json.loads(meta).get("inbound")
-    return value is True or value == 1
+    parsed = json.loads(meta)
+    value = parsed.get("inbound")
+    return (value is True or value == 1) and "copy_of" not in parsed
 
 
 def _day_start(d: date) -> str:
@@ -405,7 +408,8 @@ class StoreBase:
     async def archive(self, tape: str) -> str:
         """Move `tape` and its sidecars under an archive name; the live tape starts empty."""
         archived = await self.reset(tape, archive=True)
-        assert archived is not None
+        if archived is None:
+            raise TapeStoreError(f"tape {tape!r} was never written: nothing to archive")
         return archived
 
     async def get(self, tape: str, entry_id: int) -> TapeEntry | None:
