@@ -142,9 +142,7 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
             date      text NOT NULL
         )""",
     ),
-    2: (
-        "CREATE INDEX bub_tapes_by_session ON bub_tapes (session_id) WHERE role = 'live'",
-    ),
+    2: ("CREATE INDEX bub_tapes_by_session ON bub_tapes (session_id) WHERE role = 'live'",),
 }
 
 
