@@ -107,6 +107,8 @@ class TelegramChannel:
         self._closing: asyncio.Future[None] | None = None
         self._offset: int | None = None
         self._migrated: dict[int, int] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        """Moves learned while sending (kept referenced until they finish)."""
         self._hinted: dict[int, float] = {}
         self._allow_users, self._allow_user_names, self._all_users = _allow_list(
             settings.telegram_allow_users
@@ -599,9 +601,16 @@ class TelegramChannel:
         return chat_id
 
     def _moved(self, old: int, new: int) -> None:
-        """A send learned that group `old` is supergroup `new` now."""
+        """A send learned that group `old` is supergroup `new` now: later sends go there, and
+        the supergroup's messages continue the group's conversation."""
         log.info("telegram.chat_migrated from=%d to=%d", old, new)
         self._migrated[old] = new
+        if self._runtime is not None:
+            task = asyncio.get_running_loop().create_task(
+                self._runtime.move_session(f"{self.name}:{old}", f"{self.name}:{new}")
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- helpers -------------------------------------------------------------------------------
     def _scrub(self, exc: BaseException | str) -> str:
