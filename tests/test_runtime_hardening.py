@@ -242,3 +242,29 @@ async def test_resume_never_rewinds_a_session_that_finished_meanwhile(
     assert channel.texts("a") == ["the answer"]
     assert len(fake_openai.completion_requests()) == 1
     await runtime.shutdown(grace=2)
+
+
+class SlowChat(RuntimeChannel):
+    """A platform that holds every send to one chat (as a paced, busy group would)."""
+
+    def __init__(self, slow_chat: str) -> None:
+        super().__init__()
+        self.slow_chat = slow_chat
+        self.release = asyncio.Event()
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        if target.get("chat") == self.slow_chat:
+            await self.release.wait()
+        return await super().send(target, piece)
+
+
+async def test_a_slow_delivery_does_not_hold_a_turn_slot(make_runtime, fake_openai) -> None:
+    runtime, channel = make_runtime(SlowChat("busy-group"), max_concurrent_turns=1)
+    await channel.say("hello", "busy-group")
+    await until(lambda: len(fake_openai.completion_requests()) == 1)
+    await channel.say("hi", "private")
+    await channel.wait_sent("private", 1)  # answered while the group's send still waits
+    assert channel.texts("busy-group") == []
+    channel.release.set()
+    await idle(runtime, "test:busy-group", "test:private")
+    assert channel.texts("busy-group") == ["echo: hello"]

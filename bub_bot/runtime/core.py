@@ -296,11 +296,11 @@ class Runtime:
                     await self._expire(session, expired)
                     continue
                 try:
-                    async with self._slots:
-                        if pending[0].kind == "event":
+                    if pending[0].kind == "event":
+                        async with self._slots:
                             await self.commands.run(session, pending[0])
-                        else:
-                            await self._run_turn(session, pending, items)
+                    else:
+                        await self._run_turn(session, pending, items)  # takes a slot itself
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -551,9 +551,11 @@ class Runtime:
             emit=self._emit,
         )
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
-        # The indicator stays on until the answer is delivered, not just computed.
+        # The indicator stays on until the answer is delivered, not just computed. The turn
+        # slot is held while the model works, not while the platform paces the delivery (a
+        # busy group's 20 messages a minute must not keep private chats waiting for a slot).
         async with _safe(working, session.id):
-            async with shown:
+            async with self._slots, shown:
                 progress = shown.progress if shown.live else None
                 reply, seen = await self._turn(
                     session, turn_id, head, hold_back, channel_name, progress
