@@ -20,7 +20,9 @@ Outbound. `split` converts the model's Markdown to mrkdwn and cuts it under 4 00
 one message a second per channel) with channels taking turns (`pacing`). The Web API client
 has no retry handlers: a 429 holds every call of that method for its Retry-After (Slack's
 limits are per method) and only that piece is re-posted; a connection lost after the request
-went out raises `DeliveryUnknown`, so nothing is ever posted twice.
+went out raises `DeliveryUnknown`, so nothing is ever posted twice. Streaming
+(`slack_stream`): `chat.startStream`/`appendStream`/`stopStream` in threads, else a message
+edited with `chat.update`, through the same `_call`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -53,6 +55,7 @@ from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, 
 from .pacing import Pacer, Rate
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
 from .slack_format import format_and_split
+from .slack_stream import NativeStreams, SlackStream
 
 log = logging.getLogger("channels.slack")
 
@@ -127,6 +130,7 @@ class SlackChannel:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._channel_rate = Rate.parse(settings.slack_rate_channel)
         self._pacers: dict[str, Pacer] = {}
+        self._native_streams = NativeStreams()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -334,7 +338,13 @@ class SlackChannel:
             sent_at=float(ts),
             sender=Sender(id=user, name=name or user, is_bot=bool(bot_id)),
             text=self._clean_text(raw),
-            reply_target={"team": team, "channel": channel, "thread_ts": reply_thread, "ts": ts},
+            reply_target={
+                "team": team,
+                "channel": channel,
+                "thread_ts": reply_thread,
+                "ts": ts,
+                "user": user,
+            },
             extra_keys=(f"{channel}:{ts}",),
             bot_names=(self.mention,),
             meta={
@@ -439,6 +449,31 @@ class SlackChannel:
             params["thread_ts"] = target["thread_ts"]
         response = await self._call("chat.postMessage", params)
         return [str(response.get("ts") or "")]
+
+    def stream(
+        self, target: dict[str, Any], shown: Sequence[str | None] = ()
+    ) -> SlackStream | None:
+        """The reply shown while it is written (channels/slack_stream.py); none for the
+        ephemeral replies of slash commands."""
+        if target.get("ephemeral") or not target.get("channel"):
+            return None
+        team = str(target.get("team") or self.team_id)
+        mode = self.settings.slack_working_indicator
+
+        async def set_status(text: str) -> bool:
+            """The thread's status names what the bot does, where the status is in use."""
+            if mode not in ("status", "auto") or not self._status_ok.get(team, False):
+                return False
+            return await self._set_status(target, text, team, remember=False)
+
+        return SlackStream(
+            target,
+            shown,
+            call=self._call,
+            native=self._native_streams,
+            team=team,
+            set_status=set_status,
+        )
 
     async def _send_ephemeral(self, target: dict[str, Any], piece: str) -> list[str]:
         url = target.get("response_url")

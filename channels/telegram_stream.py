@@ -3,9 +3,9 @@
 Private chats: the piece being written is a draft (`sendMessageDraft`, one draft id per reply,
 updated as the text grows); the final answer is then sent with `sendMessage`, as without
 streaming. Groups and forum topics (drafts are for private chats), and a Bot API without
-drafts: the first piece is posted as a message once there is enough text (`FIRST_CHARS`) or
-the text is `FIRST_DELAY` seconds old, then edited in place (`editMessageText`); the final
-edit carries the formatted piece. An answer longer than one message continues in new
+drafts: the first piece is posted as a message once the text is `FIRST_DELAY` seconds old (an
+answer that is complete by then is simply sent, as without streaming), then edited in place
+(`editMessageText`); the final edit carries the formatted piece. An answer longer than one message continues in new
 messages (in a private chat the pieces before the one being written are messages too).
 
 Every request goes through the outbox's pacer, in the chat's turn, like `sendMessage`: the
@@ -40,7 +40,7 @@ from aiogram.exceptions import (
 )
 
 from .base import DeliveryError, DeliveryUnknown
-from .telegram_format import escape, utf16_len
+from .telegram_format import escape
 from .telegram_outbox import GENERAL_TOPIC, MAX_RETRY_AFTER, TelegramOutbox
 
 try:
@@ -65,10 +65,9 @@ PRIVATE_INTERVAL = 1.0
 """Seconds between updates in a private chat (Telegram: about one message a second)."""
 GROUP_INTERVAL = 3.0
 """Seconds between edits in a group (Telegram: 20 messages a minute per group)."""
-FIRST_CHARS = 60
-"""A group's first partial message waits for this much text..."""
 FIRST_DELAY = 0.8
-"""...or for the text to be this many seconds old (a short quick answer is just sent)."""
+"""A group's first partial message waits until the text is this many seconds old: a quick
+answer is just sent (no message posted and then edited at once)."""
 EDIT_ATTEMPTS = 4
 GONE = ("message to edit not found", "message can't be edited", "message_id_invalid")
 
@@ -140,7 +139,7 @@ class TelegramStream:
         if not any(self.shown):
             now = time.monotonic()
             self._born = self._born or now
-            if utf16_len(text) < FIRST_CHARS and now - self._born < FIRST_DELAY:
+            if now - self._born < FIRST_DELAY:
                 return False
         await self._fill(pieces)
         await self._trim(len(pieces))

@@ -3,6 +3,13 @@
 ``FakeSlack`` serves ``POST /api/<method>`` and a Socket Mode websocket at ``/socket``
 on 127.0.0.1 (random port), records every call, and supports one-shot fault injection.
 The module-level payload builders produce dicts shaped like what Slack sends.
+
+Streaming: ``chat.startStream`` / ``chat.appendStream`` / ``chat.stopStream`` build a message
+from its ``markdown_text`` (a thread is required; outside DMs so are the recipient user and
+team), ``chat.update`` refuses a message still streaming, ``chat.delete`` removes one.
+``streaming_enabled = False`` answers the stream methods with ``streaming_error`` (a
+workspace or token that cannot stream). ``visible(channel, thread_ts)`` is what a thread shows
+now (the bot's messages after updates and deletions).
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ class FakeSlack:
         self.app_id = app_id
         self.assistant_enabled = True
         self.assistant_error = "not_allowed_token_type"
+        self.streaming_enabled = True
+        self.streaming_error = "unknown_method"
+        self.deleted: list[tuple[str, str]] = []
         self.calls: list[tuple[str, Params]] = []
         self.call_times: list[float] = []
         """When each of ``calls`` arrived (``time.monotonic()``), for checks on pacing."""
@@ -97,6 +107,10 @@ class FakeSlack:
             "chat.postMessage": self._post_message,
             "chat.postEphemeral": self._post_ephemeral,
             "chat.update": self._update,
+            "chat.delete": self._delete,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
             "reactions.add": self._reactions_add,
             "reactions.remove": self._reactions_remove,
             "assistant.threads.setStatus": self._set_status,
@@ -165,6 +179,14 @@ class FakeSlack:
         """(arrival time, params) of every call to ``method``."""
         return [
             (t, p) for t, (m, p) in zip(self.call_times, self.calls, strict=True) if m == method
+        ]
+
+    def visible(self, channel: str, thread_ts: str | None = None) -> list[str]:
+        """The texts of the bot's messages in ``channel`` (and thread) as shown now."""
+        return [
+            m.get("text", "")
+            for (ch, _), m in self.messages.items()
+            if ch == channel and (thread_ts is None or m.get("thread_ts") == thread_ts)
         ]
 
     def calls_to(self, method: str) -> list[Params]:
@@ -338,6 +360,8 @@ class FakeSlack:
         key = (params["channel"], params["ts"])
         if key not in self.messages:
             raise SlackError("message_not_found")
+        if self.messages[key].get("streaming"):
+            raise SlackError("cant_update_message")
         if len(params.get("text") or "") > MAX_TEXT_LEN:
             raise SlackError("msg_too_long")
         message = {**self.messages[key], **self._message(params, params["ts"])}
@@ -350,6 +374,57 @@ class FakeSlack:
             "text": message.get("text", ""),
             "message": message,
         }
+
+    async def _delete(self, params: Params) -> Params:
+        self._require(params, "channel", "ts")
+        key = (params["channel"], params["ts"])
+        if self.messages.pop(key, None) is None:
+            raise SlackError("message_not_found")
+        self.deleted.append(key)
+        return {"channel": key[0], "ts": key[1]}
+
+    def _streaming(self, params: Params) -> tuple[str, str]:
+        """The key of a message that is still streaming (or the error Slack gives)."""
+        if not self.streaming_enabled:
+            raise SlackError(self.streaming_error)
+        self._require(params, "channel", "ts")
+        key = (params["channel"], params["ts"])
+        if key not in self.messages:
+            raise SlackError("message_not_found")
+        if not self.messages[key].get("streaming"):
+            raise SlackError("message_not_in_streaming_state")
+        return key
+
+    async def _start_stream(self, params: Params) -> Params:
+        if not self.streaming_enabled:
+            raise SlackError(self.streaming_error)
+        self._require(params, "channel", "thread_ts")
+        channel = params["channel"]
+        if not channel.startswith("D") and not (
+            params.get("recipient_user_id") and params.get("recipient_team_id")
+        ):
+            raise SlackError("missing_recipient_user_id")
+        text = params.get("markdown_text") or ""
+        if len(text) > 12_000:
+            raise SlackError("msg_too_long")
+        ts = self.next_ts()
+        message = {**self._message({"thread_ts": params["thread_ts"]}, ts), "text": text}
+        self.messages[(channel, ts)] = {**message, "streaming": True}
+        return {"channel": channel, "ts": ts}
+
+    async def _append_stream(self, params: Params) -> Params:
+        key = self._streaming(params)
+        text = params.get("markdown_text") or ""
+        if not text or len(text) > 12_000:
+            raise SlackError("invalid_markdown_text" if not text else "msg_too_long")
+        self.messages[key]["text"] += text
+        return {"channel": key[0], "ts": key[1]}
+
+    async def _stop_stream(self, params: Params) -> Params:
+        key = self._streaming(params)
+        self.messages[key]["text"] += params.get("markdown_text") or ""
+        self.messages[key]["streaming"] = False
+        return {"channel": key[0], "ts": key[1], "message": self.messages[key]}
 
     def _reaction_key(self, params: Params) -> tuple[str, str, str]:
         self._require(params, "channel", "timestamp", "name")
