@@ -1,23 +1,28 @@
 """Web chat and tape viewer over HTTP (prints figures, asserts nothing).
 
     .venv/bin/python bench/web_bench.py [--conversations 200] [--messages 3] [--latency 0.2]
-        [--entries 100000] [--repeat 20]
+        [--stream-seconds 0.5] [--chunks 10] [--modes on,off] [--entries 100000] [--repeat 20]
 
 `bub-bot serve` runs as a real process with the web channel only (BUB_MAX_CONCURRENT_TURNS =
 the number of conversations), the fake OpenAI server from `tests/fakes` in a child process
-with a fixed latency per request; the clients (this process) speak the page's API: one
-event stream per conversation, messages POSTed one after another (the next when the
-previous answer arrived).
+with a fixed latency per request, then (to a streamed request) the answer of about 60 words
+in `--chunks` pieces spread over `--stream-seconds`; the clients (this process) speak the
+page's API: one event stream per conversation, messages POSTed one after another (the next
+when the previous answer arrived).
 
-1. Chat: wall time vs the ideal (messages x latency; target <= 2x) and the time from a POST
-   to the first byte of the event that carries its answer (p50/p99), plus the POST's own
-   time (persist before acknowledge).
+1. Chat, once per `--modes` (BUB_STREAM=on / off, a fresh `serve` each): wall time vs the
+   ideal (messages x the model's time; target <= 2x); with streaming the time from a POST to
+   its first `partial` event with text (p50/p99, and the model's own time to its first text
+   chunk for comparison); the time from a POST to the first byte of the event that carries
+   its answer (p50/p99), plus the POST's own time (persist before acknowledge); serve CPU per
+   message.
 2. Viewer: a web tape of N entries (default 1e5, one anchor at its start, so "since the last
    anchor" is the whole tape) written before the server starts; time to answer its default
    view and one page of "all" (newest, and one from the middle), as HTML and JSON
    (target <= 50 ms for the default view).
 
-BENCH_PROFILE=/tmp/serve.prof runs `serve` under cProfile (read it with pstats).
+BENCH_PROFILE=/tmp/serve.prof runs the chat's `serve` under cProfile, one file per mode
+(/tmp/serve.prof.on, /tmp/serve.prof.off; read them with pstats).
 """
 
 from __future__ import annotations
@@ -41,13 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bub_bot.tape import SQLiteTapeStore, Tape, TapeEntry  # noqa: E402
-from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAI, streamed, text  # noqa: E402
 from tests.web_client import WebChat, has_item  # noqa: E402
 
 TOKEN = "bench-token-0123456789"
-PROFILE = (
-    ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
-)
+PROFILE = os.environ.get("BENCH_PROFILE")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -67,9 +70,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve_fake(latency: float, conn: Any) -> None:
+FILLER = (
+    "the answer goes on for a while so that streaming has something to show: a few plain"
+    " sentences, some **bold** words, a `code` span and a list\n\n- one\n- two\n\nand the end"
+    " of it, about sixty words in all, which is a short answer for a real model"
+)
+
+
+def _serve_fake(latency: float, chunks: int, seconds: float, conn: Any) -> None:
+    def answer(body: dict[str, Any]) -> Any:
+        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        said = users[-1].get("content") if users else ""
+        return streamed(text(f"echo: {said}. {FILLER}"), chunks=chunks, seconds=seconds)
+
     async def main() -> None:
         async with FakeOpenAI(latency=latency) as fake:
+            fake.default = answer
             conn.send(fake.base_url)
             await asyncio.get_running_loop().run_in_executor(None, conn.recv)
 
@@ -100,7 +116,9 @@ async def write_big_tape(db: Path, workspace: Path, entries: int) -> str:
         return tape.name
 
 
-async def start_serve(home: Path, model_url: str, conversations: int) -> tuple[Any, str]:
+async def start_serve(
+    home: Path, model_url: str, conversations: int, stream: str, profile: str | None = None
+) -> tuple[Any, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BUB_", "OPENAI_"))}
     env.update(
@@ -115,10 +133,12 @@ async def start_serve(home: Path, model_url: str, conversations: int) -> tuple[A
         BUB_MODEL_RETRIES="0",
         BUB_WEB_TOKEN=TOKEN,
         BUB_MAX_CONCURRENT_TURNS=str(conversations),
+        BUB_STREAM=stream,
         BUB_LOG_LEVEL="WARNING",
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *PROFILE, "-m", "bub_bot", "serve", cwd=home, env=env,
+        sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []),
+        "-m", "bub_bot", "serve", cwd=home, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -133,6 +153,7 @@ async def chat_bench(chat: WebChat, conversations: int, messages: int) -> dict[s
     for stream in streams:
         await stream.until(lambda e: e.event == "sync")
     answer_ms: list[float] = []
+    partial_ms: list[float] = []
     post_ms: list[float] = []
 
     async def converse(conversation: str, stream: Any) -> None:
@@ -142,7 +163,13 @@ async def chat_bench(chat: WebChat, conversations: int, messages: int) -> dict[s
             status, _ = await chat.post(conversation, f"message {n}", client_id)
             post_ms.append((time.perf_counter() - started) * 1000)
             assert status == 202, status
-            await stream.until(has_item("bot"), timeout=60)
+            event = await stream.until(
+                lambda e: has_item("bot")(e) or (e.event == "partial" and e.data["html"]),
+                timeout=60,
+            )
+            if event.event == "partial":
+                partial_ms.append((time.perf_counter() - started) * 1000)
+                await stream.until(has_item("bot"), timeout=60)
             answer_ms.append((time.perf_counter() - started) * 1000)
 
     started = time.perf_counter()
@@ -150,7 +177,7 @@ async def chat_bench(chat: WebChat, conversations: int, messages: int) -> dict[s
     wall = time.perf_counter() - started
     for stream in streams:
         await stream.close()
-    return {"wall": wall, "answer_ms": answer_ms, "post_ms": post_ms}
+    return {"wall": wall, "answer_ms": answer_ms, "partial_ms": partial_ms, "post_ms": post_ms}
 
 
 async def timed_get(http: aiohttp.ClientSession, url: str, accept: str, repeat: int) -> list[float]:
@@ -165,6 +192,69 @@ async def timed_get(http: aiohttp.ClientSession, url: str, accept: str, repeat: 
     return times
 
 
+async def chat_report(
+    http: aiohttp.ClientSession, home: Path, model_url: str, args: argparse.Namespace, mode: str
+) -> None:
+    """The chat part against a fresh `serve` with BUB_STREAM=`mode`: prints its figures."""
+    profile = f"{PROFILE}.{mode}" if PROFILE else None
+    proc, base = await start_serve(home, model_url, args.conversations, mode, profile)
+    try:
+        chat = WebChat(http, base, TOKEN)
+        cpu_before = cpu_seconds(proc.pid)
+        res = await chat_bench(chat, args.conversations, args.messages)
+        server_cpu = cpu_seconds(proc.pid) - cpu_before
+    finally:
+        proc.terminate()
+        await proc.wait()
+    # A streamed request gets the answer over --stream-seconds, a plain one at once.
+    model = args.latency + (args.stream_seconds if mode == "on" else 0.0)
+    first_chunk = args.latency + args.stream_seconds / (args.chunks + 1)
+    ideal = args.messages * model
+    total = args.conversations * args.messages
+    print(
+        f"\nchat, BUB_STREAM={mode}: {args.conversations} conversations x {args.messages}"
+        f" messages, model {args.latency * 1000:.0f} ms"
+        + (f" + {args.stream_seconds * 1000:.0f} ms streaming" if mode == "on" else "")
+    )
+    print(f"  wall time            {res['wall']:.2f} s   (ideal {ideal:.2f} s)")
+    print(f"  ratio to ideal       {res['wall'] / ideal:.2f}   (target <= 2)")
+    print(f"  messages/s           {total / res['wall']:.0f}")
+    a, f, p = res["answer_ms"], res["partial_ms"], res["post_ms"]
+    if f:
+        print(
+            f"  POST -> first partial p50 {pct(f, 50):.0f} ms   p99 {pct(f, 99):.0f} ms"
+            f"   ({len(f)} of {total}; the model's first text chunk at {first_chunk * 1000:.0f} ms)"
+        )
+    print(f"  POST -> answer event p50 {pct(a, 50):.0f} ms   p99 {pct(a, 99):.0f} ms")
+    print(f"  POST acknowledged    p50 {pct(p, 50):.1f} ms   p99 {pct(p, 99):.1f} ms")
+    print(
+        f"  serve CPU            {server_cpu * 1000 / total:.2f} ms per message"
+        f" ({server_cpu:.2f} s, event streams opened and read included)"
+    )
+
+
+async def viewer_report(
+    http: aiohttp.ClientSession, base: str, big: str, args: argparse.Namespace
+) -> None:
+    print(f"\nviewer: tape of {args.entries} entries, median of {args.repeat} requests")
+    views = [
+        ("default view (since the last anchor)", f"/tapes/{big}"),
+        ("all, newest page", f"/tapes/{big}?view=all"),
+        ("all, a middle page", f"/tapes/{big}?view=all&before={args.entries // 2}"),
+        ("tape list", "/tapes"),
+        ("chat history (page load)", "/api/conversations/bench-big-tape/messages"),
+    ]
+    for label, path in views:
+        html = await timed_get(http, base + path, "text/html", args.repeat)
+        data = await timed_get(http, base + path, "application/json", args.repeat)
+        print(
+            f"  {label:<38} HTML {statistics.median(html):6.1f} ms"
+            f"   JSON {statistics.median(data):6.1f} ms"
+            f"   (max {max(html + data):.1f} ms)"
+        )
+    print("  target: default view <= 50 ms")
+
+
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bub-web-bench-") as tmp:
         home = Path(tmp)
@@ -175,54 +265,25 @@ async def main(args: argparse.Namespace) -> None:
 
         ctx = mp.get_context("spawn")
         conn, child = ctx.Pipe()
-        fake = ctx.Process(target=_serve_fake, args=(args.latency, child), daemon=True)
+        fake = ctx.Process(
+            target=_serve_fake,
+            args=(args.latency, args.chunks, args.stream_seconds, child),
+            daemon=True,
+        )
         fake.start()
         model_url = await asyncio.to_thread(conn.recv)
-        proc, base = await start_serve(home, model_url, args.conversations)
         try:
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector) as http:
-                chat = WebChat(http, base, TOKEN)
-                cpu_before = cpu_seconds(proc.pid)
-                res = await chat_bench(chat, args.conversations, args.messages)
-                server_cpu = cpu_seconds(proc.pid) - cpu_before
-                ideal = args.messages * args.latency
-                total = args.conversations * args.messages
-                print(
-                    f"\nchat: {args.conversations} conversations x {args.messages} messages,"
-                    f" model latency {args.latency * 1000:.0f} ms"
-                )
-                print(f"  wall time            {res['wall']:.2f} s   (ideal {ideal:.2f} s)")
-                print(f"  ratio to ideal       {res['wall'] / ideal:.2f}   (target <= 2)")
-                print(f"  messages/s           {total / res['wall']:.0f}")
-                a, p = res["answer_ms"], res["post_ms"]
-                print(f"  POST -> answer event p50 {pct(a, 50):.0f} ms   p99 {pct(a, 99):.0f} ms")
-                print(f"  POST acknowledged    p50 {pct(p, 50):.1f} ms   p99 {pct(p, 99):.1f} ms")
-                print(
-                    f"  serve CPU            {server_cpu * 1000 / total:.2f} ms per message"
-                    f" ({server_cpu:.2f} s, event streams opened and read included)"
-                )
-
-                print(f"\nviewer: tape of {args.entries} entries, median of {args.repeat} requests")
-                views = [
-                    ("default view (since the last anchor)", f"/tapes/{big}"),
-                    ("all, newest page", f"/tapes/{big}?view=all"),
-                    ("all, a middle page", f"/tapes/{big}?view=all&before={args.entries // 2}"),
-                    ("tape list", "/tapes"),
-                    ("chat history (page load)", "/api/conversations/bench-big-tape/messages"),
-                ]
-                for label, path in views:
-                    html = await timed_get(http, base + path, "text/html", args.repeat)
-                    data = await timed_get(http, base + path, "application/json", args.repeat)
-                    print(
-                        f"  {label:<38} HTML {statistics.median(html):6.1f} ms"
-                        f"   JSON {statistics.median(data):6.1f} ms"
-                        f"   (max {max(html + data):.1f} ms)"
-                    )
-                print("  target: default view <= 50 ms")
+                for mode in args.modes.split(","):
+                    await chat_report(http, home, model_url, args, mode.strip())
+                proc, base = await start_serve(home, model_url, 1, "on")
+                try:
+                    await viewer_report(http, base, big, args)
+                finally:
+                    proc.terminate()
+                    await proc.wait()
         finally:
-            proc.terminate()
-            await proc.wait()
             conn.send("stop")
             await asyncio.to_thread(fake.join, 5)
 
@@ -232,6 +293,9 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--messages", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--stream-seconds", type=float, default=0.5)
+    parser.add_argument("--chunks", type=int, default=10)
+    parser.add_argument("--modes", default="on,off", help="BUB_STREAM values to run the chat with")
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=20)
     asyncio.run(main(parser.parse_args()))

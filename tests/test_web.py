@@ -8,6 +8,8 @@ import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from html.parser import HTMLParser
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -18,8 +20,10 @@ from bub_bot.config import MODEL_MISSING, ConfigError, Settings, load_settings
 from bub_bot.server import Bot, BotServer
 from bub_bot.tape import Tape
 from channels.web import WebChannel
-from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
-from tests.web_client import WebChat, has_item, items
+from channels.web.auth import FailedAttempts, client_key
+from channels.web.render import markdown
+from tests.fakes.openai_server import FakeOpenAI, slow, streamed, text, tool_calls
+from tests.web_client import WebChat, has_item, items, partials
 
 TOKEN = "web-test-token-0123456789"
 
@@ -140,6 +144,75 @@ async def test_the_token_link_sets_a_strict_cookie_and_leaves_the_url(web) -> No
             )
             assert status == 303 and headers["Location"] == "/"
             assert (await status_of(other, "GET", w.url + "/api/conversations"))[0] == 200
+
+
+async def test_wrong_tokens_are_limited_per_address(web) -> None:
+    """After 10 wrong tokens in a minute an address gets 429 with Retry-After for any token,
+    right or wrong, on every way in; a logged-in browser and other addresses carry on."""
+    w = await web()
+    api = w.url + "/api/conversations"
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        assert (await status_of(browser, "GET", f"{w.url}/?token={TOKEN}"))[0] == 303
+        async with aiohttp.ClientSession() as guesser:
+            for n in range(10):
+                wrong = {"Authorization": f"Bearer guess-{n:04d}"}
+                assert (await status_of(guesser, "GET", api, headers=wrong))[0] == 401
+            right = {"Authorization": f"Bearer {TOKEN}"}
+            status, body, headers = await status_of(guesser, "GET", api, headers=right)
+            assert status == 429 and json.loads(body)["error"] == "too many failed attempts"
+            assert 1 <= int(headers["Retry-After"]) <= 60
+            status, body, headers = await status_of(guesser, "GET", f"{w.url}/?token={TOKEN}")
+            assert status == 429 and "try again in" in body and "Retry-After" in headers
+            status, body, headers = await status_of(
+                guesser, "POST", w.url + "/login", data={"token": TOKEN, "next": "/"}
+            )
+            assert status == 429 and 'action="/login"' in body
+            assert "Set-Cookie" not in headers  # the right token did not log it in
+        # The browser that logged in before still works from the same address.
+        assert (await status_of(browser, "GET", api))[0] == 200
+    # Another address is not held up (127.0.0.2 is loopback too on Linux).
+    other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=other) as elsewhere:
+        status, _, _ = await status_of(
+            elsewhere, "GET", api, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert status == 200
+
+
+def test_failed_attempts_slide_out_of_the_window() -> None:
+    now = [1000.0]
+    attempts = FailedAttempts(limit=3, window=60, clock=lambda: now[0], max_clients=2)
+    for _ in range(2):
+        attempts.fail("198.51.100.7")
+        now[0] += 10
+    assert attempts.retry_after("198.51.100.7") == 0  # two of three
+    attempts.fail("198.51.100.7")  # at 1020: the third
+    assert attempts.retry_after("198.51.100.7") == 40  # the first (1000) leaves at 1060
+    now[0] = 1059.5
+    assert attempts.retry_after("198.51.100.7") == 1
+    now[0] = 1060.0
+    assert attempts.retry_after("198.51.100.7") == 0  # one slot free again
+    attempts.fail("198.51.100.7")
+    assert attempts.retry_after("198.51.100.7") == 10  # until 1010's failure leaves
+    attempts.succeed("198.51.100.7")  # the right token forgives the mistakes
+    assert attempts.retry_after("198.51.100.7") == 0
+    # Memory stays bounded: the address not seen for longest is forgotten first.
+    for key in ("a", "b", "c"):
+        for _ in range(3):
+            attempts.fail(key)
+    assert [attempts.retry_after(k) > 0 for k in ("a", "b", "c")] == [False, True, True]
+
+
+def test_client_key_groups_an_ipv6_host_by_its_64() -> None:
+    def key(remote: str | None) -> str:
+        return client_key(SimpleNamespace(remote=remote))  # type: ignore[arg-type]
+
+    assert key("203.0.113.9") == "203.0.113.9"
+    assert key("::ffff:203.0.113.9") == "203.0.113.9"
+    assert key("2001:db8:1:2:aaaa::1") == key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert key("2001:db8:1:3::1") != key("2001:db8:1:2::1")
+    assert key("/run/bub.sock") == "/run/bub.sock" and key(None) == ""
 
 
 async def test_cross_site_posts_are_refused_and_store_nothing(web) -> None:
@@ -358,18 +431,109 @@ async def test_without_a_model_the_page_and_the_answer_say_what_to_set(
     assert fake_openai.requests == []  # no model call, not even to the fake
 
 
-async def test_partial_text_reaches_the_page_and_is_never_stored(web) -> None:
+STREAMED = (
+    "Streaming, **step by step**: <script>window.pwned = 1</script> and"
+    ' <img src=x onerror="window.pwned = 2"> stay text.\n\n'
+    "```python\nprint('a code block written slowly')\nprint('still open')\n```\n\nDone."
+)
+
+
+class Balance(HTMLParser):
+    """Fails on markup that leaves a tag open or closes one that is not open."""
+
+    VOID = frozenset({"br", "hr", "img", "input", "meta", "link"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag not in self.VOID:
+            self.open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.open and self.open.pop() == tag, tag
+
+
+def balanced(html: str) -> bool:
+    parser = Balance()
+    parser.feed(html)
+    parser.close()
+    return parser.open == []
+
+
+async def test_the_answer_streams_to_the_page_then_the_final_replaces_it(
+    web, fake_openai: FakeOpenAI
+) -> None:
     w = await web()
     conversation = await w.chat.new_conversation()
+    fake_openai.script(
+        streamed(tool_calls([("tape_info", {})], content="Let me look."), seconds=0.3),
+        streamed(text(STREAMED), chunks=20, seconds=1.2),
+    )
+    stream = await w.chat.events(conversation)
+    late = None
+    try:
+        await stream.until(lambda e: e.event == "working")
+        await w.chat.post(conversation, "stream it")
+        first = await stream.until(lambda e: e.event == "partial" and "Streaming" in e.data["html"])
+        # A page that connects mid-answer gets the answer so far right after the history.
+        late = await w.chat.events(conversation)
+        opening = [await late.next() for _ in range(3)]
+        assert [e.event for e in opening] == ["sync", "working", "partial"]
+        assert opening[1].data["working"] is True and "Streaming" in opening[2].data["html"]
+        final = await stream.until(has_item("bot"))
+        await stream.until(lambda e: e.event == "working" and not e.data["working"])
+        await late.until(has_item("bot"))
+    finally:
+        await stream.close()
+        if late is not None:
+            await late.close()
+    await w.idle(conversation)
+
+    seen = stream.seen
+    before = partials(seen[: seen.index(final)])
+    after = partials(seen[seen.index(final) :])
+    # The tool step shows what the bot does, not its text or the tool's JSON.
+    assert {"html": "", "status": "using tape_info…"} in [e.data for e in before]
+    texts = [e.data["html"] for e in before if "Streaming" in e.data["html"]]
+    log = fake_openai.streams[-1]
+    assert len(texts) >= 3 and first.at < log.last  # text grows while the model writes
+    assert len(texts) <= (log.last - log.first) / 0.1 + 2  # 100 ms apart at most by default
+    # Every partial is the server's render of a prefix of the answer: no raw HTML, and a
+    # code block still being written is closed in the markup.
+    prefixes = {markdown(STREAMED[:n]) for n in range(len(STREAMED) + 1)}
+    for html in texts:
+        assert html in prefixes and balanced(html)
+        assert "<script" not in html and "<img" not in html
+    assert any("<pre><code" in html and "still open" not in html for html in texts)
+    # The final answer is the model's answer; the partial is taken away once it is there.
+    [bot] = [i for i in final.data["items"] if i["kind"] == "bot"]
+    assert bot["answer"] is True and bot["html"] == markdown(STREAMED)
+    assert [e.data for e in after] == [{"html": "", "status": ""}]
+    # Nothing partial is on the tape: the answer once, no stream records (a page keeps
+    # nothing across a restart).
+    tape = w.tape(conversation)
+    answers = await tape.query(kinds=["message"], names=["assistant"])
+    assert answers[-1].payload["content"] == STREAMED
+    assert await tape.query(kinds=["event"], names=["stream.shown", "stream.closed"]) == []
+
+
+async def test_stream_off_gives_the_final_text_only(web, fake_openai: FakeOpenAI) -> None:
+    w = await web(stream=False)
+    conversation = await w.chat.new_conversation()
+    fake_openai.script(streamed(text(STREAMED), chunks=10, seconds=0.4))
     stream = await w.chat.events(conversation)
     try:
         await stream.until(lambda e: e.event == "working")
-        w.channel.show_partial({"conversation": conversation}, "Thinking about *it*")
-        event = await stream.until(lambda e: e.event == "partial")
-        assert event.data == {"html": "<p>Thinking about <em>it</em></p>\n"}
+        await w.chat.post(conversation, "do not stream")
+        final = await stream.until(has_item("bot"))
+        await stream.until(lambda e: e.event == "working" and not e.data["working"])
     finally:
         await stream.close()
-    assert await w.tape(conversation).query() == []
+    assert partials(stream.seen) == []
+    assert items([final], "bot")[0]["html"] == markdown(STREAMED)
+    assert fake_openai.completion_requests()[-1].body.get("stream") is not True
 
 
 async def test_stop_ends_open_event_streams(web) -> None:

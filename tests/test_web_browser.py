@@ -9,6 +9,7 @@ Set BUB_WEB_SCREENSHOT=docs/web-chat.png to refresh the README's screenshot.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
-from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
+from tests.fakes.openai_server import FakeOpenAI, slow, streamed, text, tool_calls
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -217,6 +218,62 @@ async def test_markup_from_the_model_never_runs(served: Served, logged_in: Brows
     await asyncio.sleep(0.2)
     assert await page.evaluate("window.pwned") is None
     assert await page.locator("#messages img, #messages script, #messages b").count() == 0
+    await page.close()
+
+
+STREAMED = (
+    "Streaming, **step by step**: <script>window.pwned = 'partial script'</script> and"
+    " <img src=x onerror=\"window.pwned = 'partial img'\"> stay text while the model writes"
+    " them, word after word, until the answer is complete.\n\n"
+    "```python\nprint('a code block written slowly')\n```\n\nDone."
+)
+WATCH = """() => {
+  // Every state of the partial answer the page shows, in order (the page's DOM, observed).
+  window.partials = [];
+  const messages = document.getElementById("messages");
+  new MutationObserver(() => {
+    const el = messages.querySelector(".item.bot.partial");
+    const text = el ? el.textContent : null;
+    const markup = messages.querySelectorAll("script, img").length;
+    const last = window.partials[window.partials.length - 1];
+    if (!last || last.text !== text || last.markup !== markup) {
+      window.partials.push({ text, markup });
+    }
+  }).observe(messages, { childList: true, subtree: true, characterData: true });
+}"""
+
+
+async def test_the_answer_streams_in_and_survives_a_reload(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    page = await _chat_page(logged_in, served)
+    await page.evaluate(WATCH)
+    served.fake.script(
+        streamed(tool_calls([("tape_info", {})], content="Let me check."), seconds=0.3),
+        streamed(text(STREAMED), chunks=30, seconds=3.0),
+    )
+    await _say(page, "Stream it, please")
+    partial = page.locator("#messages .item.bot.partial")
+    await page.wait_for_function(
+        "() => window.partials.filter(p => (p.text || '').startsWith('Streaming')).length >= 3"
+    )
+    states = await page.evaluate("window.partials")
+    # While a step calls tools the page says so; then the answer grows in place.
+    assert any(s["text"] == "using tape_info…" for s in states)
+    texts = [s["text"] for s in states if (s["text"] or "").startswith("Streaming")]
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(texts))
+    assert all(s["markup"] == 0 for s in states)  # the <script> and <img> are text
+    # A reload mid-answer picks up the answer so far, then the final replaces it.
+    await page.reload()
+    await expect(partial).to_contain_text("Streaming, step by step")
+    bot = page.locator("#messages .item.bot").last
+    await expect(bot).to_contain_text("Done.")
+    await expect(partial).to_have_count(0)
+    await expect(bot.locator("pre code")).to_have_text("print('a code block written slowly')")
+    await expect(bot).to_contain_text("<img src=x onerror=")
+    await expect(page.locator("#working")).to_be_hidden()
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("#messages img, #messages script").count() == 0
     await page.close()
 
 

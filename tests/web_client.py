@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,8 @@ class Event:
     event: str
     data: dict[str, Any]
     id: str | None
+    at: float = field(default_factory=time.monotonic)
+    """When it was read (`time.monotonic()`, the fake model's clock too)."""
 
 
 class EventStream:
@@ -77,6 +80,11 @@ def items(events: list[Event], kind: str | None = None) -> list[dict[str, Any]]:
         if event.event in ("sync", "entries"):
             found += [i for i in event.data["items"] if kind is None or i["kind"] == kind]
     return found
+
+
+def partials(events: list[Event]) -> list[Event]:
+    """The `partial` events (the answer while it is written) among `events`."""
+    return [e for e in events if e.event == "partial"]
 
 
 def has_item(kind: str) -> Callable[[Event], bool]:

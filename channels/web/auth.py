@@ -7,18 +7,30 @@
 - Everything else gets 401: a login form for pages, JSON for the API.
 - State-changing requests must come from our own origin (Origin / Sec-Fetch-Site), on top
   of the SameSite cookie; tokens are compared in constant time and never logged.
+- Guessing is slowed down: after `MAX_FAILURES` wrong tokens within `WINDOW` seconds a
+  client address (an IPv6 /64) gets 429 with Retry-After for every token it presents, right
+  or wrong, until the oldest failure leaves the window. A valid cookie still works (it is an
+  HMAC nobody guesses; a stale one after a restart is no attempt).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import logging
+import math
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
 from aiohttp import web
 
 from .render import login_page
+
+log = logging.getLogger("channels.web")
 
 COOKIE = "bub_web"
 COOKIE_MAX_AGE = 30 * 24 * 3600
@@ -69,6 +81,99 @@ def same_origin(request: web.Request) -> bool:
     return True
 
 
+MAX_FAILURES = 10
+"""Wrong tokens one client address may present within `WINDOW` seconds."""
+WINDOW = 60.0
+MAX_CLIENTS = 10_000
+"""Addresses tracked at most (the oldest are forgotten first): a flood of addresses cannot
+grow the server's memory."""
+
+
+def client_key(request: web.Request) -> str:
+    """Who is guessing: the peer address; for IPv6 its /64 (one host usually has a whole
+    /64). Behind a reverse proxy every client shares the proxy's address."""
+    remote = request.remote or ""
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return remote
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class FailedAttempts:
+    """Wrong tokens per client within a sliding window (in memory, per process)."""
+
+    def __init__(
+        self,
+        limit: int = MAX_FAILURES,
+        window: float = WINDOW,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        self.limit = limit
+        self.window = window
+        self.clock = clock
+        self.max_clients = max_clients
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, key: str) -> deque[float] | None:
+        failures = self._failures.get(key)
+        if failures is None:
+            return None
+        horizon = self.clock() - self.window
+        while failures and failures[0] <= horizon:
+            failures.popleft()
+        if not failures:
+            del self._failures[key]
+            return None
+        return failures
+
+    def retry_after(self, key: str) -> int:
+        """Seconds until `key` may present a token again; 0: now."""
+        failures = self._recent(key)
+        if failures is None or len(failures) < self.limit:
+            return 0
+        # Free again when the oldest failure that keeps it at the limit leaves the window.
+        oldest = failures[len(failures) - self.limit]
+        return max(1, math.ceil(oldest + self.window - self.clock()))
+
+    def fail(self, key: str) -> None:
+        """Count a wrong token from `key`."""
+        failures = self._recent(key)
+        if failures is None:
+            failures = self._failures[key] = deque(maxlen=self.limit)
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
+        failures.append(self.clock())
+        self._failures.move_to_end(key)
+        if len(failures) == self.limit:
+            log.warning(
+                "web.login_limited client=%s failures=%d window_s=%.0f",
+                key,
+                self.limit,
+                self.window,
+            )
+
+    def succeed(self, key: str) -> None:
+        """A right token: earlier mistakes of `key` are forgiven."""
+        self._failures.pop(key, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of presenting a token."""
+
+    ok: bool
+    wait: int = 0
+    """Seconds the client must wait before presenting a token (too many wrong ones); the
+    token was not compared."""
+
+
 def _safe_next(value: str | None) -> str:
     """A local path to go back to after logging in (never another site)."""
     if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
@@ -84,19 +189,36 @@ def _without_token(request: web.Request) -> str:
 class Access:
     """Checks requests against the one token the chat and the viewer share."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, attempts: FailedAttempts | None = None) -> None:
         self._token = token.encode()
         self._cookie = hmac.new(self._token, b"bub-bot web session", hashlib.sha256).hexdigest()
+        self.attempts = attempts or FailedAttempts()
 
     def token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._token)
 
-    def authenticated(self, request: web.Request) -> bool:
+    def check_token(self, request: web.Request, given: str) -> Verdict:
+        """A token a client presented, counted against its address when wrong; not even
+        compared while the address must wait."""
+        key = client_key(request)
+        wait = self.attempts.retry_after(key)
+        if wait:
+            return Verdict(False, wait)
+        if self.token_ok(given):
+            self.attempts.succeed(key)
+            return Verdict(True)
+        self.attempts.fail(key)
+        return Verdict(False)
+
+    def authenticated(self, request: web.Request) -> Verdict:
+        """Whether the request carries our cookie or a valid bearer token."""
         cookie = request.cookies.get(COOKIE)
         if cookie and hmac.compare_digest(cookie.encode(), self._cookie.encode()):
-            return True
+            return Verdict(True)
         auth = request.headers.get("Authorization", "")
-        return auth.startswith("Bearer ") and self.token_ok(auth[len("Bearer ") :])
+        if not auth.startswith("Bearer "):
+            return Verdict(False)
+        return self.check_token(request, auth[len("Bearer ") :])
 
     def _logged_in(self, request: web.Request, location: str) -> web.StreamResponse:
         response = web.Response(status=303, headers={"Location": location})
@@ -127,16 +249,39 @@ class Access:
             )
         return secure(response)  # type: ignore[return-value]
 
+    @staticmethod
+    def too_many(
+        request: web.Request, wait: int, *, api: bool, next_path: str = ""
+    ) -> web.Response:
+        """429 for a client that presented too many wrong tokens."""
+        text = f"Too many wrong tokens from your address: try again in {wait} s."
+        if api:
+            response = web.json_response({"error": "too many failed attempts"}, status=429)
+        else:
+            response = web.Response(
+                text=login_page(text, next_path or _without_token(request)),
+                status=429,
+                content_type="text/html",
+            )
+        response.headers["Retry-After"] = str(wait)
+        return secure(response)  # type: ignore[return-value]
+
     def guard(self, handler: Handler, *, api: bool) -> Handler:
         """Wrap a route: token/cookie required, same origin for state changes, headers set."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             token = request.query.get("token")
             if token is not None and not api and request.method == "GET":
-                if self.token_ok(token):
+                verdict = self.check_token(request, token)
+                if verdict.ok:
                     return self._logged_in(request, _without_token(request))
+                if verdict.wait:
+                    return self.too_many(request, verdict.wait, api=False)
                 return self.unauthorized(request, api=False, message="That token is not valid.")
-            if not self.authenticated(request):
+            verdict = self.authenticated(request)
+            if not verdict.ok:
+                if verdict.wait:
+                    return self.too_many(request, verdict.wait, api=api)
                 return self.unauthorized(request, api=api)
             if request.method not in ("GET", "HEAD") and not same_origin(request):
                 return secure(web.json_response({"error": "cross-site request"}, status=403))
@@ -158,8 +303,11 @@ class Access:
         form = await request.post()
         token = form.get("token")
         next_path = _safe_next(str(form.get("next") or "/"))
-        if isinstance(token, str) and self.token_ok(token):
+        verdict = self.check_token(request, token) if isinstance(token, str) else Verdict(False)
+        if verdict.ok:
             return self._logged_in(request, next_path)
+        if verdict.wait:
+            return self.too_many(request, verdict.wait, api=False, next_path=next_path)
         response = web.Response(
             text=login_page("That token is not valid.", next_path),
             status=401,

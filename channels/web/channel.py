@@ -3,14 +3,15 @@
 Conversations are sessions `web:<id>` on the same runtime, tape, commands and agent loop
 as every other channel: a posted message becomes an `Inbound` and is acknowledged only
 after `runtime.receive` stored it; answers come back through `split`/`send`, which wake the
-conversation's open pages so they read the new entries from the tape.
+conversation's open pages so they read the new entries from the tape. While the model
+writes, a `WebStream` shows the answer so far on those pages (`stream.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from channels.base import DeliveryError, RuntimeLike
 from .auth import Access, secure
 from .chat import ChatRoutes
 from .hub import Hub
+from .stream import WebStream
 from .viewer import ViewerRoutes
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -119,15 +121,14 @@ class WebChannel:
             return f"web chat: open {base_url}/?token={self.token}"
         return f"web chat: open {base_url}/ (log in with BUB_WEB_TOKEN)"
 
-    # -- streaming hook ------------------------------------------------------------------------
-    def show_partial(self, target: dict[str, Any], text: str) -> None:
-        """Show the text of an answer still being written (for a streaming delivery); the
-        final answer replaces it. Never stored: a reload shows the tape, not partials."""
-        from .render import markdown
-
+    # -- streaming (channels.base.Streams) -----------------------------------------------------
+    def stream(self, target: dict[str, Any], shown: Sequence[str | None] = ()) -> WebStream | None:
+        """The answer shown on the conversation's pages while it is written (`stream.py`);
+        `shown` is always empty here: a page keeps nothing across a restart."""
         conversation = target.get("conversation")
-        if isinstance(conversation, str) and conversation:
-            self.hub.push(conversation, "partial", {"html": markdown(text)})
+        if not isinstance(conversation, str) or not conversation:
+            return None
+        return WebStream(self.hub, conversation)
 
     # -- static files --------------------------------------------------------------------------
     async def static(self, request: web.Request) -> web.StreamResponse:

@@ -7,11 +7,16 @@ Event stream (Server-Sent Events, `GET /api/conversations/<id>/events`):
 - `entries`  `{cursor, items}`: new items after the page's cursor (the SSE id is the cursor,
              so a reconnecting browser sends it back as Last-Event-ID and misses nothing).
 - `working`  `{working}`: a turn is running in this conversation (the working indicator).
-- `partial`  `{html}`: text of an answer still being written (sent only by a streaming
-             delivery; the final `entries` item replaces it).
+- `partial`  `{html, status}`: the answer still being written (streaming, `stream.py`):
+             `html` its text so far, rendered like the final answer; or `status`, what the
+             bot is doing ("using fs.read…"); both empty: take the partial answer away.
+             Only the newest state is sent (a slow page skips states); a page connecting
+             mid-answer gets the current one. The final `entries` item (`answer: true`)
+             replaces it.
 
-Items are `{id, date, kind: user|bot|notice|anchor, html, client_id?}`; `html` is rendered
-on the server (Markdown without raw HTML), so the page never turns model text into markup.
+Items are `{id, date, kind: user|bot|notice|anchor, html, client_id?, answer?}`; `html` is
+rendered on the server (Markdown without raw HTML), so the page never turns model text into
+markup.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from channels.base import Inbound, Sender
 
 from .auth import secure
 from .history import Cursor, snapshot, tail
+from .hub import Subscription
 from .render import attrs, page
 
 if TYPE_CHECKING:
@@ -53,7 +59,8 @@ def _error(status: int, message: str) -> web.Response:
 
 def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    body = f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return body.encode("utf-8", "replace")  # a lone surrogate must not end the stream
 
 
 class ChatRoutes:
@@ -238,6 +245,7 @@ class ChatRoutes:
                     cursor = await self._send_new(response, store, name, cursor)
                 working = hub.busy(conversation)
                 await response.write(_sse("working", {"working": working}))
+                await _send_partial(response, sub)
                 while not hub.closed:
                     idle = False
                     try:
@@ -250,11 +258,11 @@ class ChatRoutes:
                     sub.wake.clear()
                     if hub.closed:
                         break
-                    for event, data in sub.drain():
-                        await response.write(_sse(event, data))
                     if sub.changed or idle:
                         sub.changed = False
                         cursor = await self._send_new(response, store, name, cursor)
+                    # After the entries: a final answer replaces its partial without a gap.
+                    await _send_partial(response, sub)
                     now = hub.busy(conversation)
                     if now != working:
                         working = now
@@ -274,6 +282,13 @@ class ChatRoutes:
                 _sse("entries", {"cursor": str(new_cursor), "items": items}, str(new_cursor))
             )
         return new_cursor
+
+
+async def _send_partial(response: web.StreamResponse, sub: Subscription) -> None:
+    """The newest state of the answer being written, if this page has not had it yet."""
+    partial, sub.partial = sub.partial, None
+    if partial is not None:
+        await response.write(_sse("partial", partial.payload()))
 
 
 def _sync(snap: Any) -> bytes:

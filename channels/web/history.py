@@ -114,7 +114,8 @@ def chat_item(entry: TapeEntry) -> dict[str, Any] | None:
                 "client_id": meta.get("message_id"),
             }
         if role == "assistant" and "turn" in meta:
-            return {**base, "kind": "bot", "html": markdown(content)}
+            # `answer`: a turn's final answer, which replaces the partial one on the page.
+            return {**base, "kind": "bot", "html": markdown(content), "answer": True}
         return None
     if entry.kind == "event":
         name = entry.payload.get("name")

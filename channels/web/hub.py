@@ -2,17 +2,18 @@
 
 The tape is the record; the hub only wakes the open event streams of a conversation when
 something happened (a message stored, an answer delivered, a turn started or ended), so
-they read the new entries. `push` carries events that are not on the tape (the streaming
-delivery's partial text, later) straight to the streams.
+they read the new entries. `show` hands them the newest state of an answer still being
+written (`stream.Partial`, never on the tape).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+
+from .stream import CLEARED, Partial
 
 
 class Subscription:
@@ -21,14 +22,11 @@ class Subscription:
     def __init__(self) -> None:
         self.wake = asyncio.Event()
         self.changed = False
-        """The tape may have new entries (read them); False: only pushed events or the
+        """The tape may have new entries (read them); False: only a partial answer or the
         working state to send, no database read needed."""
-        self.pushed: deque[tuple[str, dict[str, Any]]] = deque(maxlen=256)
-
-    def drain(self) -> list[tuple[str, dict[str, Any]]]:
-        items = list(self.pushed)
-        self.pushed.clear()
-        return items
+        self.partial: Partial | None = None
+        """The newest state of the answer being written, not sent to this page yet (only the
+        newest counts: a slow page skips the states it missed)."""
 
 
 class Hub:
@@ -37,11 +35,13 @@ class Hub:
     def __init__(self) -> None:
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._busy: dict[str, int] = {}
+        self._partials: dict[str, Partial] = {}
         self.closed = False
 
     @contextlib.contextmanager
     def subscribe(self, conversation: str) -> Iterator[Subscription]:
         sub = Subscription()
+        sub.partial = self._partials.get(conversation)  # a page (re)connecting mid-answer
         self._subs[conversation].add(sub)
         try:
             yield sub
@@ -65,11 +65,20 @@ class Hub:
         for sub in self._subs.get(conversation, ()):
             sub.wake.set()
 
-    def push(self, conversation: str, event: str, data: dict[str, Any]) -> None:
-        """Send an event that is not on the tape to every open stream of the conversation."""
+    def show(self, conversation: str, partial: Partial) -> None:
+        """The answer being written in this conversation is now `partial` (CLEARED: none)."""
+        if partial is CLEARED:
+            if self._partials.pop(conversation, None) is None:
+                return
+        else:
+            self._partials[conversation] = partial
         for sub in self._subs.get(conversation, ()):
-            sub.pushed.append((event, data))
+            sub.partial = partial
             sub.wake.set()
+
+    def partial(self, conversation: str) -> Partial | None:
+        """The answer being written in this conversation now, if any."""
+        return self._partials.get(conversation)
 
     def busy(self, conversation: str) -> bool:
         return self._busy.get(conversation, 0) > 0
@@ -87,6 +96,8 @@ class Hub:
                 self._busy[conversation] = left
             else:
                 self._busy.pop(conversation, None)
+                # A turn that ended without a final delivery leaves no partial answer behind.
+                self.show(conversation, CLEARED)
             self._poke(conversation)
 
     def close(self) -> None:

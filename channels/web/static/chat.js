@@ -44,6 +44,10 @@
     messages.scrollTop = messages.scrollHeight;
   }
 
+  function atBottom() {
+    return messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
+  }
+
   function removePartial() {
     if (partial) partial.remove();
     partial = null;
@@ -70,7 +74,9 @@
       messages.appendChild(el);
     }
     shown.set(item.id, el);
-    if (item.kind !== "user") removePartial();
+    // The final answer (or a notice that ends the turn) replaces the partial one; a command's
+    // result mid-turn (/status) does not.
+    if (item.answer || item.kind === "notice") removePartial();
   }
 
   function replaceAll(items, truncated) {
@@ -88,14 +94,28 @@
     scrollDown();
   }
 
-  function showPartial(html) {
+  // The answer while it is written: its text so far (server-rendered like every item), or
+  // what the bot is doing ("using fs.read…", shown as text); both empty: none any more.
+  function showPartial(data) {
+    if (!data.html && !data.status) {
+      removePartial();
+      return;
+    }
+    const follow = atBottom(); // do not pull a reader who scrolled up back down
     if (!partial) {
       partial = document.createElement("div");
       partial.className = "item bot partial";
       messages.appendChild(partial);
     }
-    partial.innerHTML = html; // server-rendered, as above
-    scrollDown();
+    if (data.html) {
+      partial.innerHTML = data.html; // server-rendered, as above
+    } else {
+      const line = document.createElement("div");
+      line.className = "tool-status";
+      line.textContent = data.status;
+      partial.replaceChildren(line);
+    }
+    if (follow) scrollDown();
   }
 
   function connect() {
@@ -103,6 +123,7 @@
     messages.textContent = "";
     shown.clear();
     pending.clear();
+    partial = null;
     working.hidden = true;
     source = new EventSource(`/api/conversations/${conversation}/events`);
     source.addEventListener("sync", (e) => {
@@ -121,7 +142,7 @@
       working.hidden = !JSON.parse(e.data).working;
       if (working.hidden) removePartial();
     });
-    source.addEventListener("partial", (e) => showPartial(JSON.parse(e.data).html));
+    source.addEventListener("partial", (e) => showPartial(JSON.parse(e.data)));
     source.onopen = () => setStatus("");
     source.onerror = () => {
       if (source.readyState === EventSource.CLOSED) {

@@ -1,0 +1,96 @@
+"""The web chat's streaming delivery (the `ReplyStream` contract): the answer on the page
+while the model writes it.
+
+Nothing partial is stored: the stream hands the newest state of the reply (`Partial`: the
+text so far, or what the bot is doing) to the `Hub`, which keeps one per conversation and
+wakes its open event streams; each sends only the newest state it has not sent yet, so a slow
+page skips stale states instead of queueing them. The text is rendered once per state, by
+the same server-side Markdown renderer as the final answer (raw HTML off), and only when a
+page watches. The final answer reaches the page from the tape as before (`WebChannel.send`)
+and replaces the partial one.
+
+A page holds nothing that outlives the process, so `shown` stays empty: after a crash the
+resumed turn simply streams again to the pages that reconnect.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from .render import markdown
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+INTERVAL = 0.1
+"""Seconds between two partial updates of one conversation by default: an update is one small
+SSE event on a connection that is open anyway, so the limit is the server's rendering work
+(`BUB_STREAM_INTERVAL_MS` overrides it)."""
+
+
+class Partial:
+    """One state of a reply being written: its text so far, or a status ("using fs.read…"),
+    or neither (cleared: the page takes the partial reply away)."""
+
+    __slots__ = ("_payload", "status", "text")
+
+    def __init__(self, text: str = "", status: str = "") -> None:
+        self.text = text
+        self.status = status
+        self._payload: dict[str, Any] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        """The `partial` event's data, rendered on first use (once for every page)."""
+        if self._payload is None:
+            html = markdown(self.text) if self.text.strip() else ""
+            self._payload = {"html": html, "status": self.status}
+        return self._payload
+
+
+CLEARED = Partial()
+
+_FENCE_START = re.compile(r"(?:^|\n)[ ]{0,3}(?:`{1,2}|~{1,2})$")
+
+
+def tidy(text: str) -> str:
+    """The text as the page shows it while it grows: a last line that is the start of a code
+    fence (one or two backticks) waits for the rest, instead of flashing up as text."""
+    match = _FENCE_START.search(text)
+    return text[: match.start()] if match else text
+
+
+class WebStream:
+    """One reply to a web conversation, shown while it is written (see the module)."""
+
+    interval = INTERVAL
+
+    def __init__(self, hub: Hub, conversation: str) -> None:
+        self.hub = hub
+        self.conversation = conversation
+        self.shown: list[str | None] = []  # nothing on a page survives a restart
+        self._last: tuple[str, str] = ("", "")
+
+    def _show(self, text: str = "", status: str = "") -> None:
+        if (text, status) == self._last:
+            return  # the same state again (e.g. a step's tools reported twice)
+        self._last = (text, status)
+        self.hub.show(self.conversation, Partial(text, status) if text or status else CLEARED)
+
+    async def update(self, text: str) -> bool:
+        self._show(text=tidy(text))
+        return True
+
+    async def status(self, text: str) -> None:
+        self._show(status=text)
+
+    async def reset(self) -> None:
+        self._show()
+
+    async def deliver(self, index: int, piece: str) -> list[str] | None:
+        return None  # the answer is on the tape: `WebChannel.send` wakes the pages
+
+    async def end(self, pieces: int) -> list[str]:
+        self._last = ("", "")
+        self.hub.show(self.conversation, CLEARED)
+        return []
