@@ -21,7 +21,9 @@ from bub_bot.server import Bot, BotServer
 from bub_bot.tape import Tape
 from channels.web import WebChannel
 from channels.web.auth import FailedAttempts, client_key
+from channels.web.hub import Hub
 from channels.web.render import markdown
+from channels.web.stream import WebStream
 from tests.fakes.openai_server import FakeOpenAI, slow, streamed, text, tool_calls
 from tests.web_client import WebChat, has_item, items, partials
 
@@ -316,7 +318,7 @@ async def test_the_event_stream_shows_the_answer_working_and_resumes(
     # A page loading now sees the conversation since the last anchor (JSON snapshot).
     await w.idle(conversation)
     status, snap = await chat.get_json(f"/api/conversations/{conversation}/messages")
-    assert status == 200 and snap["working"] is False
+    assert status == 200 and snap["working"] is False and snap["partial"] is None
     assert [i["kind"] for i in snap["items"]][:1] == ["anchor"]
     assert not any("question one" in i["html"] for i in snap["items"])
 
@@ -482,6 +484,8 @@ async def test_the_answer_streams_to_the_page_then_the_final_replaces_it(
         opening = [await late.next() for _ in range(3)]
         assert [e.event for e in opening] == ["sync", "working", "partial"]
         assert opening[1].data["working"] is True and "Streaming" in opening[2].data["html"]
+        _, snap = await w.chat.get_json(f"/api/conversations/{conversation}/messages")
+        assert snap["working"] is True and "Streaming" in snap["partial"]["html"]
         final = await stream.until(has_item("bot"))
         await stream.until(lambda e: e.event == "working" and not e.data["working"])
         await late.until(has_item("bot"))
@@ -534,6 +538,28 @@ async def test_stream_off_gives_the_final_text_only(web, fake_openai: FakeOpenAI
     assert partials(stream.seen) == []
     assert items([final], "bot")[0]["html"] == markdown(STREAMED)
     assert fake_openai.completion_requests()[-1].body.get("stream") is not True
+
+
+async def test_a_long_answer_is_updated_less_often_than_a_short_one() -> None:
+    """Each update renders the whole text again: after a costly render the stream holds the
+    next text back (the runtime offers it again) instead of rendering all the time."""
+    hub = Hub()
+    stream = WebStream(hub, "conversation-1")
+    paragraph = "Some **bold** words, a `span` and [a link](https://example.org). " * 8
+    long = "\n\n".join([paragraph] * 300)  # about 150 KB
+    with hub.subscribe("conversation-1") as page:
+        assert await stream.update("short") is True
+        assert page.partial is not None and page.partial.text == "short"
+        assert await stream.update(long) is True  # nobody rendered "short": no cost yet
+        assert page.partial is not None and page.partial.text == long
+        page.partial.payload()  # a page renders it: that took a while
+        assert await stream.update(long + " more") is False
+        assert page.partial.text == long  # still the last one shown
+        await stream.status("using fs.read…")  # a status is cheap: never held back
+        assert page.partial.status == "using fs.read…"
+        assert await stream.end(1) == []
+        assert page.partial is not None and page.partial.payload() == {"html": "", "status": ""}
+        assert hub.partial("conversation-1") is None
 
 
 async def test_stop_ends_open_event_streams(web) -> None:

@@ -194,7 +194,8 @@ class ChatRoutes:
         )
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """JSON: the conversation since its last anchor, or what came after `?after=<cursor>`."""
+        """JSON: the conversation since its last anchor, or what came after `?after=<cursor>`;
+        with the answer being written, if any (`partial`, as the event stream's)."""
         conversation = self._conversation(request)
         if conversation is None:
             return _error(404, "no such conversation")
@@ -207,6 +208,7 @@ class ChatRoutes:
         else:
             cursor, items, fresh = await tail(store, name, cursor)
             reset, truncated = fresh is not None, bool(fresh and fresh.truncated)
+        partial = self.channel.hub.partial(conversation)
         return web.json_response(
             {
                 "cursor": str(cursor),
@@ -214,6 +216,7 @@ class ChatRoutes:
                 "items": items,
                 "truncated": truncated,
                 "working": self.channel.hub.busy(conversation),
+                "partial": partial.payload() if partial is not None else None,
             }
         )
 

@@ -16,6 +16,7 @@ resumed turn simply streams again to the pages that reconnect.
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 from .render import markdown
@@ -27,24 +28,32 @@ INTERVAL = 0.1
 """Seconds between two partial updates of one conversation by default: an update is one small
 SSE event on a connection that is open anyway, so the limit is the server's rendering work
 (`BUB_STREAM_INTERVAL_MS` overrides it)."""
+RENDER_SHARE = 0.05
+"""At most this share of the server's time renders one conversation's growing answer: the
+whole text is rendered again for each update (about 0.7 ms per KB), so a long answer is
+updated less often (a 20 KB one about every 0.3 s) instead of using up a core."""
 
 
 class Partial:
     """One state of a reply being written: its text so far, or a status ("using fs.read…"),
     or neither (cleared: the page takes the partial reply away)."""
 
-    __slots__ = ("_payload", "status", "text")
+    __slots__ = ("_payload", "cost", "status", "text")
 
     def __init__(self, text: str = "", status: str = "") -> None:
         self.text = text
         self.status = status
+        self.cost = 0.0
+        """Seconds its rendering took (0: not rendered, no page watched)."""
         self._payload: dict[str, Any] | None = None
 
     def payload(self) -> dict[str, Any]:
         """The `partial` event's data, rendered on first use (once for every page)."""
         if self._payload is None:
+            started = time.perf_counter()
             html = markdown(self.text) if self.text.strip() else ""
             self._payload = {"html": html, "status": self.status}
+            self.cost = time.perf_counter() - started
         return self._payload
 
 
@@ -70,14 +79,20 @@ class WebStream:
         self.conversation = conversation
         self.shown: list[str | None] = []  # nothing on a page survives a restart
         self._last: tuple[str, str] = ("", "")
+        self._partial = CLEARED
+        self._at = 0.0
 
     def _show(self, text: str = "", status: str = "") -> None:
         if (text, status) == self._last:
             return  # the same state again (e.g. a step's tools reported twice)
         self._last = (text, status)
-        self.hub.show(self.conversation, Partial(text, status) if text or status else CLEARED)
+        self._partial = Partial(text, status) if text or status else CLEARED
+        self._at = time.monotonic()
+        self.hub.show(self.conversation, self._partial)
 
     async def update(self, text: str) -> bool:
+        if time.monotonic() - self._at < self._partial.cost / RENDER_SHARE:
+            return False  # rendering the last one took long: the runtime offers it again
         self._show(text=tidy(text))
         return True
 
