@@ -20,7 +20,7 @@ from bub_bot.config import MODEL_MISSING, ConfigError, Settings, load_settings
 from bub_bot.server import Bot, BotServer
 from bub_bot.tape import Tape
 from channels.web import WebChannel
-from channels.web.auth import FailedAttempts, client_key
+from channels.web.attempts import FailedAttempts, client_key
 from channels.web.hub import Hub
 from channels.web.render import markdown
 from channels.web.stream import WebStream
