@@ -105,6 +105,8 @@
     if (!partial) {
       partial = document.createElement("div");
       partial.className = "item bot partial";
+      // Not read out 10 times a second by screen readers: the final answer is.
+      partial.setAttribute("aria-hidden", "true");
       messages.appendChild(partial);
     }
     if (data.html) {
