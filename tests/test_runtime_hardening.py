@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from bub_bot.runtime import FAILED_NOTE, Runtime
-from tests.fakes.openai_server import overflow_openai, slow, text
+from tests.fakes.openai_server import html_page, overflow_openai, slow, text
 from tests.runtime_channel import (
     RuntimeChannel,
     done_coverage,
@@ -268,3 +268,21 @@ async def test_a_slow_delivery_does_not_hold_a_turn_slot(make_runtime, fake_open
     channel.release.set()
     await idle(runtime, "test:busy-group", "test:private")
     assert channel.texts("busy-group") == ["echo: hello"]
+
+
+async def test_handoff_against_an_html_endpoint_does_not_wedge_the_conversation(
+    make_runtime, fake_openai
+) -> None:
+    """A mis-set OPENAI_BASE_URL answers 200 with a web page: /handoff hands off without a
+    summary, and everything after it is still answered (also after a restart)."""
+    runtime, channel = make_runtime()
+    fake_openai.default = lambda body: html_page()
+    await channel.say("/handoff")
+    await channel.say("/status")
+    await channel.say("hello")
+    await idle(runtime, "test:a")
+    handoff, status, answer = channel.texts("a")
+    assert handoff.startswith("Handed off (handoff).") and "could not write a summary" in handoff
+    assert status.startswith("Entries:")
+    assert "OPENAI_BASE_URL" in answer  # the turn's note names the setting to check
+    assert await runtime.resume() == 0
