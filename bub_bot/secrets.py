@@ -74,6 +74,28 @@ class Scrubber:
             return text
         return self._pattern.sub(REDACTED, text)
 
+    @property
+    def longest(self) -> int:
+        """The length of the longest secret (0 without secrets)."""
+        return len(self.secrets[0]) if self.secrets else 0
+
+    def text_in(self, text: str, before: str = "", after: str = "") -> str:
+        """`text`, a slice of a longer text that goes on with `before` and `after` (each at
+        least `longest - 1` characters where the text has them), with every part of a secret
+        replaced, also of one that starts before the slice or ends after it: a secret split
+        across two pages must not come out in two halves."""
+        if self._pattern is None or not text:
+            return text
+        start, end = len(before), len(before) + len(text)
+        whole = before + text + after
+        cuts = []
+        for match in self._pattern.finditer(whole):
+            if match.end() > start and match.start() < end:
+                cuts.append((max(match.start(), start) - start, min(match.end(), end) - start))
+        for lo, hi in reversed(cuts):
+            text = text[:lo] + REDACTED + text[hi:]
+        return text
+
     def value(self, value: Any) -> Any:
         """A copy of a JSON-like value (str, list, dict, scalars) with secrets replaced in
         every string, keys included; unchanged values are returned as they are."""

@@ -245,7 +245,8 @@ async def test_secret_files_are_refused_and_others_read(tape, settings, secret_t
         assert "secret" in body and OPENAI_KEY not in body
     for rel in ALLOWED:
         ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": rel}))
-        assert ok and body == f"content of {rel} {OPENAI_KEY}", (rel, body)
+        # read, with the configured secret value scrubbed by fs.read itself
+        assert ok and body == f"content of {rel} [redacted]", (rel, body)
     for directory in (".git", ".ssh", ".aws", "tls/../.aws"):
         ok, body = await registry.call(ctx, "fs.list", json.dumps({"path": directory}))
         assert not ok and ("refused" in body or "'..' is not allowed" in body), body
@@ -320,3 +321,30 @@ def test_scrubber_replaces_longest_first_and_keeps_other_values():
     assert scrub.value(value) == {"a": [REDACTED, 1, None, True], REDACTED: {"k": 2.5}}
     nothing = Scrubber([])
     assert not nothing and nothing.text("abcdef") == "abcdef"
+
+
+@pytest.mark.parametrize("cut", [1, 5, 12, 30])
+async def test_a_secret_across_two_pages_never_comes_out_in_halves(
+    tape, settings, workspace: Path, cut: int
+) -> None:
+    """Each fs.read page is scrubbed with the text around it: a key split by the page
+    boundary is redacted on both sides (found by review: two pages gave both halves)."""
+    registry = default_registry()
+    conf = settings(**secret_settings())
+    ctx = ToolContext(tape=tape, workspace=workspace, settings=conf)
+    prefix = "notes: our key is "
+    (workspace / "notes.md").write_text(f"{prefix}{OPENAI_KEY}\nend\n", encoding="utf-8")
+    split = len(prefix) + cut
+    ok, first = await registry.call(
+        ctx, "fs.read", json.dumps({"path": "notes.md", "limit": split})
+    )
+    ok2, second = await registry.call(
+        ctx, "fs.read", json.dumps({"path": "notes.md", "offset": split})
+    )
+    assert ok and ok2
+    assert first.startswith(prefix + "[redacted]")
+    assert f"offset={split})" in first  # the position is the file's, not the scrubbed text's
+    assert second == "[redacted]\nend\n"
+    for half in (OPENAI_KEY[:cut], OPENAI_KEY[cut:]):
+        if len(half) >= 4:
+            assert half not in first + second

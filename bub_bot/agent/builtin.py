@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ..secrets import secret_path_match
+from ..secrets import Scrubber, secret_path_match
 from ..tape import AnchorNotFound, TapeEntry
 from . import spill
 from .tools import ToolContext, ToolError, ToolRegistry
@@ -86,35 +86,42 @@ def _is_own_data(ctx: ToolContext, root: Path, target: Path) -> bool:
 
 
 def _read_text(
-    target: Path, name: str, offset: int, limit: int
-) -> tuple[str, bool, int, int | None]:
-    """Characters `offset`..`offset+limit` of a UTF-8 file, line endings kept as they are.
+    target: Path, name: str, offset: int, limit: int, scrub: Scrubber | None = None
+) -> tuple[str, int, bool, int, int | None]:
+    """Characters `offset`..`offset+limit` of a UTF-8 file, line endings kept as they are,
+    secrets replaced (also a secret that starts before the page or ends after it).
 
-    Returns (text, whether more follows, size in bytes, total characters or None when the
-    file is too big to count cheaply). Runs in a thread: it reads no further than needed,
+    Returns (text, characters read, whether more follows, size in bytes, total characters
+    or None when the file is too big to count cheaply). Runs in a thread: it reads no further than needed,
     except to count the characters of a file up to COUNT_CHARS_UP_TO bytes.
     """
+    margin = max(scrub.longest - 1, 0) if scrub else 0
     size = target.stat().st_size
     with target.open("rb") as raw:
         if b"\0" in raw.read(BINARY_SNIFF):
             raise ToolError(f"{name!r} is a binary file ({size} bytes); fs_read reads text")
     with target.open(encoding="utf-8", errors="replace", newline="") as f:
-        skipped = 0
+        skipped, before = 0, ""
         while skipped < offset:
             piece = f.read(min(offset - skipped, 1 << 20))
             if not piece:
                 break
             skipped += len(piece)
+            before = (before + piece)[-margin:] if margin else ""
         text = f.read(limit)
         if offset and not text:
             raise ToolError(
                 f"offset {offset} is at or past the end of {name!r} ({skipped} characters)"
             )
-        more = f.read(1) != ""
+        after = f.read(max(margin, 1))
+        more = after != ""
         total: int | None = None
         if more and size <= COUNT_CHARS_UP_TO:
-            total = offset + len(text) + 1 + len(f.read())
-    return text, more, size, total
+            total = offset + len(text) + len(after) + len(f.read())
+    read = len(text)
+    if scrub:
+        text = scrub.text_in(text, before, after)
+    return text, read, more, size, total
 
 
 def register_builtins(registry: ToolRegistry) -> ToolRegistry:
@@ -219,10 +226,12 @@ def register_builtins(registry: ToolRegistry) -> ToolRegistry:
         target = _resolve(ctx, path)
         if not target.is_file():
             raise ToolError(f"no such file: {path!r}")
-        text, more, size, total = await asyncio.to_thread(_read_text, target, path, offset, limit)
+        text, read, more, size, total = await asyncio.to_thread(
+            _read_text, target, path, offset, limit, Scrubber.for_settings(ctx.settings)
+        )
         if not more:
             return text  # the whole rest of the file, exactly
-        end = offset + len(text)
+        end = offset + read
         of = f"{total} ({size} bytes)" if total is not None else f"a {size}-byte file"
         return (
             f"{text}\n\n[fs_read stopped before the end of {path!r}: this is characters"
