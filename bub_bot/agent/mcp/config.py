@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:([^@\s/]+)@", re.I)
 _SECRET_NAME = re.compile(r"token|key|secret|password|passwd|auth|cookie|credential|pat$", re.I)
 _KEYS = {"command", "args", "env", "url", "headers", "tools", "timeout", "enabled", "type"}
 # `type` as other clients write it; `sse` (the old HTTP+SSE transport) is refused clearly.
@@ -49,8 +50,8 @@ class McpServerConfig:
     name: str
     transport: Literal["stdio", "http"]
     command: str = ""
-    args: tuple[str, ...] = ()
-    # repr=False: these may hold secrets, and a repr ends up in logs and tracebacks
+    # repr=False: these may hold secrets (a DSN in args), and a repr ends up in logs
+    args: tuple[str, ...] = field(default=(), repr=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     url: str = field(default="", repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -154,6 +155,9 @@ def _server(name: str, spec: Any, environ: Mapping[str, str]) -> McpServerConfig
                 raise _Problem(at, f"environment variable {var} is not set")
             if secret or _SECRET_NAME.search(var):
                 secrets.append(found)
+            # A connection string (`postgresql://app:pw@db/app` in args, as database MCP
+            # servers take it) carries a password whatever its variable is called.
+            secrets.extend(m.group(1) for m in _URL_PASSWORD.finditer(found))
             return found
 
         return _VAR.sub(one, value)

@@ -304,7 +304,9 @@ class McpManager:
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Each server's state for /readyz (default workspace; instances for other
-        workspaces are counted)."""
+        workspaces are counted). /readyz needs no token, so it says whether a server has a
+        problem but not what: a server's stderr may carry anything (connection strings);
+        the full text is in the log and in `bub-bot doctor`."""
         out: dict[str, dict[str, Any]] = {}
         for item in self.overview():
             instances = sum(1 for key in self._connections if key[0] == item.name)
@@ -313,7 +315,7 @@ class McpManager:
                 "state": item.state,
                 "tools": len(item.tools),
                 "restarts": item.restarts,
-                "error": item.detail or None,
+                "error": "see the log (mcp.start_failed / mcp.down)" if item.detail else None,
                 "instances": instances,
             }
         return out
