@@ -179,16 +179,30 @@ class Runtime:
 
     async def session_known(self, session_id: str, workspace: Path | None = None) -> bool:
         """Whether this session's tape has anything on it (e.g. the bot answered there)."""
-        workspace = await self._workspace_for(session_id, workspace)
-        moved = await self._moved_to(session_id, workspace)
-        if moved is not None:
-            session_id, workspace = moved, await self._workspace_for(moved, None)
-        tape = Tape.for_session(self.store, session_id, workspace)
+        tape = await self.session_tape(session_id, workspace)
         return bool(await self.store.query(tape.name, limit=1))
 
-    async def _workspace_for(self, session_id: str, given: Path | None) -> Path:
+    async def session_tape(self, session_id: str, workspace: Path | None = None) -> Tape:
+        """The tape `receive` stores this session's messages on (its workspace's, or the one
+        it continues after a move), for channels that read a conversation back. Only looks:
+        a session not seen yet gets no workspace decided or directory created."""
+        workspace = await self._workspace_for(session_id, workspace, assign=False)
+        moved = await self._moved_to(session_id, workspace)
+        if moved is not None:
+            session_id, workspace = moved, await self._workspace_for(moved, None, assign=False)
+        return Tape.for_session(self.store, session_id, workspace)
+
+    async def tape_workspace(self, tape: Tape) -> Path:
+        """The workspace a tape's session works in: the one its `session/start` anchor
+        recorded (else BUB_WORKSPACE), as a resumed session does."""
+        return await self._recorded_workspace(tape)
+
+    async def _workspace_for(
+        self, session_id: str, given: Path | None, *, assign: bool = True
+    ) -> Path:
         """The session's workspace: the channel's choice, else the one it started in (a
-        changed BUB_WORKSPACE_MAP applies to new sessions only), else the map's rule."""
+        changed BUB_WORKSPACE_MAP applies to new sessions only), else the map's rule.
+        `assign=False`: a new session's would-be workspace, neither created nor remembered."""
         if given is not None:
             return given
         if not self.workspaces.rules:
@@ -206,6 +220,8 @@ class Runtime:
             else:  # started before the map changed: it stays where it started
                 found = await self._recorded_workspace(Tape(self.store, names[-1], session_id))
         if found is None:
+            if not assign:
+                return planned
             found = self.workspaces.resolve(session_id)
             log.info("workspace.assigned session=%s workspace=%s", session_id, found)
         if len(self._workspaces) < 100_000:

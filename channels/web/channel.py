@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bub_bot.config import Settings
+from bub_bot.tape import Tape
 from channels.base import DeliveryError, RuntimeLike
 
 from .auth import Access, secure
@@ -32,10 +33,15 @@ STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".png": "image/png
 
 class WebRuntime(RuntimeLike, Protocol):
     """What the web channel uses beyond the contract: the tape store (history and viewer,
-    read-only) and the agent (its tools, for "context now")."""
+    read-only), where the runtime keeps a session (its tape and workspace: BUB_WORKSPACE_MAP
+    may put each conversation elsewhere) and the agent (its tools, for "context now")."""
 
     store: Any
     agent: Any
+
+    async def session_tape(self, session_id: str) -> Tape: ...
+
+    async def tape_workspace(self, tape: Tape) -> Path: ...
 
 
 class WebChannel:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from bub_bot.config import MODEL_MISSING
-from bub_bot.tape import Tape, tape_name
+from bub_bot.tape import Tape
 from channels.base import Inbound, Sender
 
 from .auth import secure
@@ -70,11 +70,10 @@ class ChatRoutes:
         self.channel = channel
 
     # -- helpers -------------------------------------------------------------------------------
-    def _tape(self, conversation: str) -> Tape:
-        runtime = self.channel.require_runtime()
-        return Tape.for_session(
-            runtime.store, f"web:{conversation}", self.channel.settings.workspace
-        )
+    async def _tape(self, conversation: str) -> Tape:
+        """The conversation's tape, where the runtime keeps it (BUB_WORKSPACE_MAP may give
+        each conversation a workspace, and so a tape, of its own)."""
+        return await self.channel.require_runtime().session_tape(f"web:{conversation}")
 
     @staticmethod
     def _conversation(request: web.Request) -> str | None:
@@ -116,12 +115,13 @@ class ChatRoutes:
         """Web conversations, most recently active first, with a title from the first message."""
         runtime = self.channel.require_runtime()
         store = runtime.store
-        workspace = self.channel.settings.workspace
         rows = []
         for row in await store.list_tapes():
             session = row.session_id or ""
-            if not session.startswith("web:") or row.name != tape_name(session, workspace):
+            if not session.startswith("web:"):
                 continue
+            if row.name != (await runtime.session_tape(session)).name:
+                continue  # an old tape of the session (e.g. from before BUB_WORKSPACE changed)
             rows.append(row)
             if len(rows) >= LIST_LIMIT:
                 break
@@ -200,7 +200,7 @@ class ChatRoutes:
         if conversation is None:
             return _error(404, "no such conversation")
         store = self.channel.require_runtime().store
-        name = self._tape(conversation).name
+        name = (await self._tape(conversation)).name
         cursor = Cursor.parse(request.query.get("after"))
         if cursor is None:
             snap = await snapshot(store, name)
@@ -226,7 +226,7 @@ class ChatRoutes:
         if conversation is None:
             return _error(404, "no such conversation")
         store = self.channel.require_runtime().store
-        name = self._tape(conversation).name
+        name = (await self._tape(conversation)).name
         hub = self.channel.hub
         response = web.StreamResponse(
             headers={

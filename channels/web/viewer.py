@@ -3,8 +3,9 @@ archives and spilled outputs, and "context now". HTML for people, JSON for scrip
 (`Accept: application/json` or `?format=json`).
 
 Only the store's public reads are used (list_tapes, stats, get, query) plus the agent's own
-context selector (`Tape.read_messages`), system prompt builder and spill reader, so "context
-now" is what the next model call gets. No view reads a whole tape: a page is one index
+context selector (`Tape.read_messages`), system prompt builder, scrubber and spill reader, in
+the session's own workspace (`Runtime.tape_workspace`), so "context now" is what the next
+model call gets. No view reads a whole tape: a page is one index
 range read (`after_id` / `before_id` with a limit).
 """
 
@@ -197,12 +198,17 @@ class ViewerRoutes:
         """Exactly what the agent sends next: the system prompt, then the default selector's
         messages from the entries after the last anchor (`Tape.read_messages`)."""
         name, stats = await self._tape(request)
-        tools = self.channel.require_runtime().agent.tools
-        settings = self.channel.settings
-        system = build_system_prompt(settings.system_prompt, settings.workspace, tools.visible())
+        runtime = self.channel.require_runtime()
+        tools = runtime.agent.tools
         tape = Tape(self.store, name, stats.session_id)
+        # The session's own workspace (BUB_WORKSPACE_MAP): its AGENTS.md and MCP tools.
+        workspace = await runtime.tape_workspace(tape)
+        prompt = build_system_prompt(
+            self.channel.settings.system_prompt, workspace, tools.visible(workspace)
+        )
+        system = runtime.agent.scrub.text(prompt)  # as the agent sends it: secrets redacted
         messages = [{"role": "system", "content": system}, *await tape.read_messages()]
-        schemas = tools.schemas()
+        schemas = tools.schemas(workspace)
         data = {
             "tape": name,
             "session_id": stats.session_id,
