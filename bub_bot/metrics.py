@@ -129,8 +129,9 @@ def install(
 
     async def handler(request: web.Request) -> web.Response:
         if token:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            # surrogatepass: aiohttp decodes bytes that are not UTF-8 to lone surrogates.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogatepass")
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 return web.json_response({"error": "unauthorized"}, status=401)
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

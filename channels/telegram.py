@@ -329,7 +329,8 @@ class TelegramChannel:
     # -- webhook -------------------------------------------------------------------------------
     async def _webhook(self, request: web.Request) -> web.StreamResponse:
         expected = (self.settings.telegram_webhook_secret or "").encode()
-        given = request.headers.get(SECRET_HEADER, "").encode()
+        # surrogatepass: aiohttp decodes bytes that are not UTF-8 to lone surrogates.
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogatepass")
         if not expected or not hmac.compare_digest(given, expected):
             log.warning("telegram.webhook rejected: wrong or missing secret token")
             if self._runtime is not None:

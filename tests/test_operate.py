@@ -20,6 +20,7 @@ from tests.fakes import openai_server as oai
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.telegram_api import FakeTelegram
+from tests.raw_http import send_raw
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -105,6 +106,10 @@ async def test_metrics_token_is_required_when_set(settings: Callable[..., Settin
     try:
         assert (await scrape(server.url))[0] == 401
         assert (await scrape(server.url, "wrong"))[0] == 401
+        # Header bytes that are not UTF-8 (sent raw: aiohttp's client drops them): 401, not 500.
+        for raw in (b"Bearer \xff", b"Bearer m-secret-123\xe9"):
+            status, _ = await send_raw(server.url, "GET", "/metrics", [b"Authorization: " + raw])
+            assert status == 401, raw
         status, body = await scrape(server.url, "m-secret-123")
         assert status == 200 and "bub_turns_total" in body
     finally:

@@ -19,6 +19,7 @@ import pytest
 import tests.test_telegram as telegram_tests
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_api import FakeTelegram
+from tests.raw_http import send_raw
 from tests.test_telegram import SECRET, USER
 
 # The Telegram channel tests' fixtures, shared (assigned, not imported, so they are not re-bound).
@@ -182,3 +183,25 @@ async def test_malformed_webhook_requests_are_refused_or_acknowledged(
     [reply] = await h.replies(USER, 1)
     assert reply["text"] == "echo: genuine"
     assert await h.user_messages(f"telegram:{USER}") == ["genuine"]
+
+
+async def test_a_webhook_secret_that_is_not_utf8_is_a_wrong_secret(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Header bytes that are not UTF-8 (sent raw: aiohttp's client drops such a header) are
+    a wrong secret: 401, counted, a WARNING; not a 500 with a traceback."""
+    h = await start(
+        telegram_webhook_url=f"https://bot.example.test{HOOK}", telegram_webhook_secret=SECRET
+    )
+    caplog.set_level(logging.WARNING)
+    body = json.dumps(tg.private_text(USER, "hello") | {"update_id": 900}).encode()
+    for secret in (b"\xff", SECRET.encode() + b"\xe9"):
+        before = h.inbound_count("telegram", "unauthorized")
+        headers = [b"Content-Type: application/json", b"X-Telegram-Bot-Api-Secret-Token: " + secret]
+        status, _ = await send_raw(h.server.url, "POST", HOOK, headers, body)
+        assert status == 401, secret
+        assert h.inbound_count("telegram", "unauthorized") - before == 1
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum(r.name == "channels.telegram" for r in warned) >= 2
+    assert no_errors(caplog) == []
+    assert await h.stored_nothing() and fake_openai.completion_requests() == []

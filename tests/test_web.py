@@ -217,12 +217,24 @@ async def test_bad_requests_get_clear_errors_and_store_nothing(web, fake_openai)
     http = w.http
     headers = {"Authorization": f"Bearer {TOKEN}"}
     url = w.url + "/api/conversations/abcdefgh/messages"
+    json_type = {"Content-Type": "application/json"}
+    bogus_charset = {"Content-Type": "application/json; charset=bogus"}
     cases = [
         ({"json": {"text": "", "client_id": "abcdefgh1"}}, 400, "empty"),
         ({"json": {"text": "hi", "client_id": "bad id!"}}, 400, "client_id"),
         ({"json": {"text": 5, "client_id": "abcdefgh1"}}, 400, "text"),
         ({"json": ["not", "an", "object"]}, 400, "object"),
         ({"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "JSON"),
+        (
+            {"data": b'{"text": "\xff", "client_id": "abcdefgh1"}', "headers": json_type},
+            400,
+            "JSON",
+        ),
+        (
+            {"json": {"text": "hi", "client_id": "abcdefgh1"}, "headers": bogus_charset},
+            400,
+            "charset",
+        ),
         ({"json": {"text": "x" * 100_001, "client_id": "abcdefgh1"}}, 413, "longer"),
     ]
     for kwargs, status, word in cases:

@@ -5,11 +5,13 @@ loopback (the `web` fixture of tests/test_web.py)."""
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import aiohttp
 
 from channels.web.attempts import FailedAttempts, client_key
+from tests.raw_http import send_raw
 from tests.test_web import TOKEN, status_of, web
 
 __all__ = ["web"]  # fixture
@@ -111,6 +113,35 @@ async def test_wrong_tokens_are_limited_per_address(web) -> None:
             elsewhere, "GET", api, headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert status == 200
+
+
+async def test_credentials_that_are_not_utf8_are_wrong_tokens(web, caplog) -> None:
+    """A bearer token, cookie, token link or login form with bytes that are not UTF-8 (or
+    text in an unknown charset) is a wrong token: 401, counted against the address like one
+    (then 429); never a 500 with a traceback."""
+    w = await web()
+    caplog.set_level(logging.WARNING)
+    form = b"Content-Type: application/x-www-form-urlencoded"
+    counted = [  # (method, path, raw header lines, body)
+        ("GET", "/api/conversations", [b"Authorization: Bearer \xff\xfe"], b""),
+        ("GET", "/api/conversations", [b"Authorization: Bearer " + TOKEN.encode() + b"\xe9"], b""),
+        ("GET", "/tapes", [b"Authorization: Bearer caf\xe9"], b""),
+        ("POST", "/api/conversations/abcdefgh/messages", [b"Authorization: Bearer \xff"], b""),
+        ("GET", "/?token=caf%E9", [], b""),
+        ("POST", "/login", [form], b"token=\xff\xfe&next=/"),
+        ("POST", "/login", [form + b"; charset=bogus"], b"token=nope&next=/"),
+    ]
+    stale_cookie = ("GET", "/api/conversations", [b"Cookie: bub_web=\xff\xfe"], b"")
+    for method, path, headers, body in [stale_cookie, *counted]:
+        status, _ = await send_raw(w.url, method, path, headers, body)
+        assert status == 401, (path, headers, body)
+    bad = [b"Authorization: Bearer \xff"]
+    for _ in range(10 - len(counted)):
+        assert (await send_raw(w.url, "GET", "/api/conversations", bad))[0] == 401
+    right = [b"Authorization: Bearer " + TOKEN.encode()]
+    assert (await send_raw(w.url, "GET", "/api/conversations", right))[0] == 429
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert await w.bot.store.list_tapes(include_all=True) == []
 
 
 def test_failed_attempts_slide_out_of_the_window() -> None:

@@ -85,6 +85,12 @@ class Verdict:
     token was not compared."""
 
 
+def _raw(value: str) -> bytes:
+    """A header, cookie or form value as bytes to compare. aiohttp decodes bytes that are not
+    UTF-8 to lone surrogates, which a plain `.encode()` refuses (a 500 before the check)."""
+    return value.encode("utf-8", "surrogatepass")
+
+
 def _safe_next(value: str | None) -> str:
     """A local path to go back to after logging in (never another site)."""
     if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
@@ -106,7 +112,8 @@ class Access:
         self.attempts = attempts or FailedAttempts()
 
     def token_ok(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self._token)
+        """Whether `given` is the token (constant time; any text, also undecodable bytes)."""
+        return hmac.compare_digest(_raw(given), self._token)
 
     def check_token(self, request: web.Request, given: str) -> Verdict:
         """A token a client presented, counted against its address when wrong; not even
@@ -124,7 +131,7 @@ class Access:
     def authenticated(self, request: web.Request) -> Verdict:
         """Whether the request carries our cookie or a valid bearer token."""
         cookie = request.cookies.get(COOKIE)
-        if cookie and hmac.compare_digest(cookie.encode(), self._cookie.encode()):
+        if cookie and hmac.compare_digest(_raw(cookie), self._cookie.encode()):
             return Verdict(True)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer "):
@@ -211,9 +218,13 @@ class Access:
         """POST /login from the login form."""
         if not same_origin(request):
             return secure(web.json_response({"error": "cross-site request"}, status=403))
-        form = await request.post()
-        token = form.get("token")
-        next_path = _safe_next(str(form.get("next") or "/"))
+        try:
+            form = await request.post()
+        except (ValueError, LookupError):  # not text in its charset, or an unknown charset
+            form = None
+        # An unreadable form is a wrong token (counted like one), not a server error.
+        token = form.get("token") if form is not None else ""
+        next_path = _safe_next(str(form.get("next") or "/")) if form is not None else "/"
         verdict = self.check_token(request, token) if isinstance(token, str) else Verdict(False)
         if verdict.ok:
             return self._logged_in(request, next_path)

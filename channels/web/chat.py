@@ -161,8 +161,10 @@ class ChatRoutes:
             return _error(415, 'send JSON: {"text": ..., "client_id": ...}')
         try:
             body = await request.json()
-        except ValueError:
+        except ValueError:  # also bytes that are not text in the body's charset
             return _error(400, "the body is not valid JSON")
+        except LookupError:
+            return _error(400, "unknown charset in Content-Type (send UTF-8 JSON)")
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object")
         text, client_id = body.get("text"), body.get("client_id")
