@@ -23,7 +23,7 @@ USAGE = {
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
-_NAME_RE = re.compile(r"^[A-Za-z0-9_./:-]{1,100}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,7 @@ def _check(name: str, args: str) -> Command:
     if first.startswith("name="):
         anchor_name = first[len("name=") :]
         summary = remainder.strip()
-        if not _NAME_RE.match(anchor_name):
+        if not _NAME_RE.fullmatch(anchor_name):
             return Command(
                 name,
                 args,

@@ -28,7 +28,7 @@ MODEL_MISSING = (
     " bub-bot serve."
 )
 """What the web chat says (page and answer) while `serve` runs without a model."""
-_SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 CsvList = Annotated[list[str], NoDecode]
@@ -282,7 +282,7 @@ class Settings(BaseSettings):
             if not self.telegram_token:
                 raise ConfigError("BUB_TELEGRAM_WEBHOOK_URL is set but BUB_TELEGRAM_TOKEN is not")
             secret = self.telegram_webhook_secret or ""
-            if not _SECRET_RE.match(secret):
+            if not _SECRET_RE.fullmatch(secret):
                 raise ConfigError(
                     "BUB_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Za-z0-9_- in"
                     " webhook mode"

@@ -60,7 +60,7 @@ log = logging.getLogger("channels.telegram")
 
 ALLOWED_UPDATES = ["message"]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-_SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 HINT_INTERVAL = 3600.0
 HINT_TIMEOUT = 10.0
 QUOTE_CHARS = 500
@@ -91,7 +91,7 @@ class TelegramChannel:
         self.typing_interval = typing_interval
         self.webhook_url = settings.telegram_webhook_url or None
         self.webhook_path = (urlparse(self.webhook_url).path or "/") if self.webhook_url else None
-        if self.webhook_url and not _SECRET_RE.match(settings.telegram_webhook_secret or ""):
+        if self.webhook_url and not _SECRET_RE.fullmatch(settings.telegram_webhook_secret or ""):
             raise ConfigError(
                 "BUB_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Za-z0-9_- in webhook mode"
             )

@@ -75,6 +75,7 @@ async def talk(runtime, channel, *texts: str, chat: str = "a") -> list[str]:
         ("/anchors abc", (), "usage"),
         ("/handoff name=bad! text", (), "usage"),
         ("/handoff name= text", (), "usage"),
+        ("/handoff name=phase-2\n summary", (), "usage"),  # no newline in an anchor name
     ],
 )
 def test_parse(line: str, names: tuple[str, ...], expected) -> None:

@@ -72,6 +72,10 @@ def test_stdio_and_http_servers_with_expansion(tmp_path: Path) -> None:
             {"mcpServers": {"a.b": {"command": "x"}}},
             "mcpServers.a.b: server names are 1-40 letters, digits, _ or - (they name tools)",
         ),
+        (
+            {"mcpServers": {"a\n": {"command": "x"}}},
+            "mcpServers.a\n: server names are 1-40 letters, digits, _ or - (they name tools)",
+        ),
         ({"mcpServers": {"a": "npx"}}, "mcpServers.a: must be an object"),
         (
             {"mcpServers": {"a": {"command": "x", "url": "http://h/mcp"}}},

@@ -17,6 +17,8 @@ import aiohttp
 import pytest
 
 import tests.test_telegram as telegram_tests
+from bub_bot.config import ConfigError
+from channels.telegram import TelegramChannel
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_api import FakeTelegram
 from tests.raw_http import send_raw
@@ -205,3 +207,18 @@ async def test_a_webhook_secret_that_is_not_utf8_is_a_wrong_secret(
     assert sum(r.name == "channels.telegram" for r in warned) >= 2
     assert no_errors(caplog) == []
     assert await h.stored_nothing() and fake_openai.completion_requests() == []
+
+
+@pytest.mark.parametrize("secret", ["", "with space", SECRET + "\n", "x" * 257])
+def test_a_webhook_secret_telegram_would_refuse_stops_the_start(settings, secret: str) -> None:
+    """1-256 characters of A-Za-z0-9_-, the whole value (a trailing newline, from a file say,
+    is no exception): named at start, not when setWebhook fails."""
+    webhook = {
+        "telegram_token": "123456:ABC-secret-part",
+        "telegram_webhook_url": f"https://bot.example.test{HOOK}",
+    }
+    with pytest.raises(ConfigError, match="BUB_TELEGRAM_WEBHOOK_SECRET"):
+        settings(**webhook, telegram_webhook_secret=secret)
+    conf = settings(**webhook, telegram_webhook_secret=SECRET)
+    with pytest.raises(ConfigError, match="BUB_TELEGRAM_WEBHOOK_SECRET"):
+        TelegramChannel(conf.model_copy(update={"telegram_webhook_secret": secret}))

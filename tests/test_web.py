@@ -222,6 +222,7 @@ async def test_bad_requests_get_clear_errors_and_store_nothing(web, fake_openai)
     cases = [
         ({"json": {"text": "", "client_id": "abcdefgh1"}}, 400, "empty"),
         ({"json": {"text": "hi", "client_id": "bad id!"}}, 400, "client_id"),
+        ({"json": {"text": "hi", "client_id": "abcdefgh1\n"}}, 400, "client_id"),
         ({"json": {"text": 5, "client_id": "abcdefgh1"}}, 400, "text"),
         ({"json": ["not", "an", "object"]}, 400, "object"),
         ({"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "JSON"),
@@ -241,10 +242,16 @@ async def test_bad_requests_get_clear_errors_and_store_nothing(web, fake_openai)
         kwargs["headers"] = {**headers, **kwargs.get("headers", {})}
         got, body, _ = await status_of(http, "POST", url, **kwargs)
         assert got == status and word in json.loads(body)["error"], (kwargs, got, body)
-    got, _, _ = await status_of(
-        http, "GET", w.url + "/api/conversations/bad!id/events", headers=headers
-    )
-    assert got == 404
+    message = {"text": "hi", "client_id": "abcdefgh1"}
+    for method, path in [
+        ("GET", "/api/conversations/bad!id/events"),
+        # `$` matches before a final newline: an id `abcdefgh\n` must not become a session
+        ("POST", "/api/conversations/abcdefgh%0A/messages"),
+        ("GET", "/api/conversations/abcdefgh%0A/messages"),
+        ("GET", "/api/conversations/abcdefgh%0A/events"),
+    ]:
+        got, _, _ = await status_of(http, method, w.url + path, headers=headers, json=message)
+        assert got == 404, path
     for path, status in [
         ("/tapes/no_such_tape?format=json", 404),
         ("/tapes/..%2Fetc?format=json", 404),

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("channels.web")
 
-CONVERSATION_RE = re.compile(r"^[A-Za-z0-9_-]{6,64}$")
-CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+CONVERSATION_RE = re.compile(r"[A-Za-z0-9_-]{6,64}")
+CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MAX_TEXT = 100_000
 KEEPALIVE_SECONDS = 15.0
 LIST_LIMIT = 100
@@ -78,7 +78,7 @@ class ChatRoutes:
     @staticmethod
     def _conversation(request: web.Request) -> str | None:
         conversation = request.match_info["conversation"]
-        return conversation if CONVERSATION_RE.match(conversation) else None
+        return conversation if CONVERSATION_RE.fullmatch(conversation) else None
 
     # -- page ------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.StreamResponse:
@@ -172,7 +172,7 @@ class ChatRoutes:
             return _error(400, "text is missing or empty")
         if len(text) > MAX_TEXT:
             return _error(413, f"text is longer than {MAX_TEXT} characters")
-        if not isinstance(client_id, str) or not CLIENT_ID_RE.match(client_id):
+        if not isinstance(client_id, str) or not CLIENT_ID_RE.fullmatch(client_id):
             return _error(400, "client_id must be 8-64 characters of A-Za-z0-9_-")
         runtime = self.channel.require_runtime()
         inbound = Inbound(

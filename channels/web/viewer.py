@@ -28,8 +28,8 @@ from .viewer_pages import TapePage, context_html, spill_html, tape_html, tapes_h
 if TYPE_CHECKING:
     from .channel import WebChannel
 
-TAPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
-HANDLE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TAPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
+HANDLE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TAPES_PER_PAGE = 50
 ENTRIES_PER_PAGE = 100
 MAX_PER_PAGE = 500
@@ -85,7 +85,7 @@ class ViewerRoutes:
 
     async def _tape(self, request: web.Request) -> tuple[str, TapeStats]:
         name = request.match_info["tape"]
-        if not TAPE_RE.match(name):
+        if not TAPE_RE.fullmatch(name):
             raise _bad("no such tape", 404)
         stats = await self.store.stats(name)
         if not stats.entries:
@@ -227,7 +227,7 @@ class ViewerRoutes:
         """One page (chunk) of a spilled output, read with the agent's own `spill.read`."""
         name, stats = await self._tape(request)
         handle = request.match_info["handle"]
-        if not HANDLE_RE.match(handle):
+        if not HANDLE_RE.fullmatch(handle):
             raise _bad("no such spill handle", 404)
         page_no = _int(request, "page", 0, 0, 1_000_000)
         text = await spill.read(Tape(self.store, name, stats.session_id), handle, cursor=page_no)

@@ -31,7 +31,7 @@ from ...config import ConfigError
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
-SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:([^@\s/]+)@", re.I)
 _SECRET_NAME = re.compile(r"token|key|secret|password|passwd|auth|cookie|credential|pat$", re.I)
@@ -130,7 +130,7 @@ def parse_mcp_config(data: Any, environ: Mapping[str, str]) -> list[McpServerCon
 
 def _server(name: str, spec: Any, environ: Mapping[str, str]) -> McpServerConfig:
     where = f"mcpServers.{name}"
-    if not SERVER_NAME.match(name):
+    if not SERVER_NAME.fullmatch(name):
         raise _Problem(where, "server names are 1-40 letters, digits, _ or - (they name tools)")
     if not isinstance(spec, dict):
         raise _Problem(where, "must be an object")
