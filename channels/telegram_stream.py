@@ -127,13 +127,13 @@ class TelegramStream:
 
     # -- ReplyStream -------------------------------------------------------------------------
     async def update(self, text: str) -> bool:
-        pieces = self.outbox.split(text)
-        if not pieces or self._lost:
+        if self._lost:
             return True
         if self._use_drafts():
+            pieces = self.outbox.split(text)
             await self._fill(pieces[:-1])
             await self._trim(len(pieces) - 1)
-            if await self._send_draft(pieces[-1]):
+            if not pieces or await self._send_draft(pieces[-1]):
                 return True
             # Drafts turned out unavailable: show it as messages instead.
         if not any(self.shown):
@@ -141,6 +141,7 @@ class TelegramStream:
             self._born = self._born or now
             if now - self._born < FIRST_DELAY:
                 return False
+        pieces = self.outbox.split(text)
         await self._fill(pieces)
         await self._trim(len(pieces))
         return True

@@ -53,6 +53,9 @@ async def test_private_chat_drafts_then_one_final_message(
     [(sent_at, _, _)] = tg.timed("sendMessage")
     assert sent_at > times[-1] and tg.calls_of("editMessageText") == []
     assert limits.rejected == 0 and limits.ignored_retry_after == 0
+    labels = {"channel": "telegram", "streamed": "yes"}
+    registry = h.bot.metrics.registry
+    assert registry.get_sample_value("bub_first_text_seconds_count", labels) == 1
 
 
 async def test_group_message_edited_in_place(
@@ -142,6 +145,21 @@ async def test_broken_stream_in_a_private_chat_answers_once(
     tg.push_update(tg.private_text(USER, "q"))
     await h.idle(f"telegram:{USER}")
     assert [m["text"] for m in tg.sent_to(USER)] == ["The answer."]
+
+
+async def test_a_model_server_that_refuses_to_stream(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.refuse_stream = "400"
+    h = await start()
+    for n in range(2):
+        tg.push_update(tg.private_text(USER, f"q{n}"))
+        await h.replies(USER, n + 1)
+        await h.idle(f"telegram:{USER}")
+    assert [m["text"] for m in tg.sent_to(USER)] == ["echo: q0", "echo: q1"]
+    asked = [bool(r.body.get("stream")) for r in fake_openai.completion_requests()]
+    assert asked == [True, False, False]  # refused once, then not asked again
+    assert tg.drafts == []
 
 
 async def test_stream_off_is_todays_behaviour(

@@ -417,6 +417,8 @@ class ModelClient:
                 calls = _tool_calls({"tool_calls": parts.tool_calls})
             except StreamErrorEvent as exc:
                 if _is_overflow_error(exc.error):
+                    if assembler.shown:
+                        on_progress(Progress("reset"))  # the retry after a handoff follows
                     raise self._overflow(str(exc)) from None
                 raise _Fallback(
                     self._scrub.text(f"an error event in the stream: {str(exc)[:300]}"),

@@ -35,7 +35,7 @@ log = logging.getLogger("bub_bot.runtime")
 SHOWN = "stream.shown"
 CLOSED = "stream.closed"
 STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, "reply.unknown"]
-HELD_RETRY = 0.25
+HELD_RETRY = 0.1
 """Seconds before a text the channel held back (too little to post yet) is offered again."""
 MAX_FAILURES = 3
 """Updates that may fail in one turn before the turn stops streaming (the answer still

@@ -121,6 +121,10 @@ class StreamLog:
     times: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     completed: bool = False
+    ended: float = 0.0
+    """When the last chunk (the finish, before `[DONE]`) went out."""
+    user: str = ""
+    """The last user message of the request (to tell concurrent streams apart)."""
 
     @property
     def first(self) -> float:
@@ -519,7 +523,8 @@ class FakeOpenAI:
         if plan is not None and plan.reasoning:
             thoughts = [{"reasoning_content": w} for w in re.findall(r"\S+\s*", plan.reasoning)]
             deltas[1:1] = [(d, None) for d in thoughts]
-        log = StreamLog()
+        users = [m for m in request[_BODY].get("messages", []) if m.get("role") == "user"]
+        log = StreamLog(user=_content_text(users[-1].get("content")) if users else "")
         self.streams.append(log)
         pause = plan.seconds / max(1, len(deltas) - 1) if plan and plan.seconds else 0.0
         sent_text = ""
@@ -541,6 +546,8 @@ class FakeOpenAI:
                 sent_text += delta.get("content") or ""
                 log.times.append(time.monotonic())
                 log.texts.append(sent_text)
+            if fin is not None:
+                log.ended = time.monotonic()
         if plan is not None and plan.error is not None:
             await resp.write(f"data: {json.dumps({'error': plan.error})}\n\n".encode())
             await resp.write_eof()
