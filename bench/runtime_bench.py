@@ -17,6 +17,14 @@ loop (`--in-process-model` runs it in the same loop instead). The bot side is th
 
 `--http aiohttp` gives `ModelClient` an SDK client on the aiohttp transport instead of the
 SDK's default httpx one (for comparison; the bot uses the default).
+
+`--replicas 1,2,3` measures whole `bub-bot serve` processes instead: for each count, that many
+replicas on one PostgreSQL database (a throwaway server, fsync on), Telegram webhook mode
+against the fake Bot API, each conversation's messages posted to the replicas in turn (as a
+round-robin load balancer would). Printed per count: wall time vs ideal, messages/s and the
+speedup over one replica, and the CPU seconds used by the replicas, by the PostgreSQL server
+(all its processes, from /proc) and by this process (fake Bot API and load). Defaults there:
+200 conversations x 5 messages. See bench/replicas.py.
 """
 
 from __future__ import annotations
@@ -231,7 +239,20 @@ async def main() -> None:
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--in-process-model", action="store_true")
     parser.add_argument("--http", choices=["httpx", "aiohttp"], default="httpx")
+    parser.add_argument("--replicas", help="e.g. 1,2,3: serve processes on one PostgreSQL db")
     args = parser.parse_args()
+    if args.replicas:
+        from replicas import run_replicas
+
+        counts = [int(c) for c in args.replicas.split(",")]
+        conversations = 200 if "--conversations" not in sys.argv else args.conversations
+        async with ModelServer(args.latency, args.in_process_model) as model:
+            print(f"fake model: {args.latency * 1000:.0f} ms per request, in a child process")
+            pid = None if model.proc is None else model.proc.pid
+            await run_replicas(
+                counts, conversations, args.messages, args.latency, model.base_url, pid
+            )
+        return
     n, m, latency = args.conversations, args.messages, args.latency
 
     async with ModelServer(latency, args.in_process_model) as model:

@@ -69,6 +69,24 @@ class Metrics:
         self.running_turns = Gauge(
             "bub_running_turns", "Sessions with a turn in progress", registry=r
         )
+        self.leases_held = Gauge(
+            "bub_leases_held",
+            "Leases this replica holds (sessions it runs and jobs it leads; several replicas)",
+            registry=r,
+        )
+        self.lease_events = Counter(
+            "bub_lease_events",
+            "Session leases taken by how (acquired: new work; takeover: lapsed, its replica"
+            " died; handover: another replica shut down) and leases lost",
+            ["outcome"],
+            registry=r,
+        )
+        self.leading = Gauge(
+            "bub_leading",
+            "1 while this replica runs a one-replica job (e.g. telegram:poller:<bot id>)",
+            ["job"],
+            registry=r,
+        )
         self.last_inbound = Gauge(
             "bub_seconds_since_last_inbound",
             "Seconds since the last inbound message",
@@ -86,6 +104,11 @@ class Metrics:
             self.replies.labels(data.get("channel", ""), data.get("outcome", "")).inc()
         elif event == "command":
             self.commands.labels(data.get("name", "")).inc()
+        elif event == "lease":
+            self.lease_events.labels(data.get("outcome", "")).inc()
+        elif event == "leader":
+            leading = 1 if data.get("outcome") == "acquired" else 0
+            self.leading.labels(data.get("job", "")).set(leading)
         elif event == "first_text":
             streamed = "yes" if data.get("streamed") else "no"
             self.first_text.labels(data.get("channel", ""), streamed).observe(data["seconds"])
@@ -119,6 +142,7 @@ def install(
     runtime.observers.append(metrics.on_runtime)
     agent.hooks.append(metrics.on_agent)
     metrics.running_turns.set_function(lambda: runtime.running_turns)
+    metrics.leases_held.set_function(lambda: runtime.lease_keeper.held)
     for name in channels:
 
         def age(name: str = name) -> float:

@@ -18,6 +18,7 @@ from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
 from .tape import TapeStore, open_store
+from .tape.leases import owner_id
 
 if TYPE_CHECKING:
     from .agent.mcp import McpManager
@@ -78,7 +79,11 @@ class Bot:
         model = ModelClient(settings) if settings.model_configured else UnconfiguredModel(settings)
         agent = Agent(settings, model, default_registry())
         channels = list(channels or [])
-        runtime = Runtime(settings, store, agent, {c.name: c for c in channels})
+        # Several replicas on one PostgreSQL database share leases; SQLite grants them all.
+        leases = store.leases(owner_id(), settings.lease_seconds)
+        runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases)
+        if leases.shared:
+            log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)
         bot = cls(settings, store, agent, runtime, channels)
         bot.mcp = start_mcp(settings, agent)
         from .metrics import install

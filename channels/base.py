@@ -17,6 +17,7 @@ channel that does not stream gets only the final text, exactly as before.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,26 @@ class RuntimeLike(Protocol):
         """Count a message that was not stored: "ignored" (not for us), "denied" (not
         allowed), "malformed" (unusable input) or "unauthorized" (failed the signature or
         secret check)."""
+
+    def leader(self, name: str) -> Leadership:
+        """Leadership of job `name` (e.g. `telegram:poller:<bot id>`): with several replicas
+        on one database, one of them runs the job at a time; a single process always leads."""
+
+
+class Leadership(Protocol):
+    """A job only one replica runs at a time (Telegram long polling): `async with
+    runtime.leader(name) as lead` waits until this replica leads; run the job inside until
+    `lead.lost` is set."""
+
+    lost: asyncio.Event
+    """Set when the lead was lost (this replica stalled and another one took over): stop the
+    job at once and enter again to stand by."""
+
+    async def __aenter__(self) -> Leadership:
+        """Wait until this replica leads (cancel it to stop waiting)."""
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Stop leading; a replica standing by takes over at once."""
 
 
 @runtime_checkable

@@ -166,7 +166,7 @@ class TelegramChannel:
         else:
             # A webhook left over from webhook mode would make getUpdates fail; keep its backlog.
             await self._bot.delete_webhook(drop_pending_updates=False)
-            self._poller = asyncio.create_task(self._poll_loop(), name="telegram-poll")
+            self._poller = asyncio.create_task(self._poll_as_leader(), name="telegram-poll")
             log.info("telegram.started mode=polling bot=@%s", self.username)
 
     async def stop(self) -> None:
@@ -183,7 +183,6 @@ class TelegramChannel:
             except Exception:
                 log.exception("telegram.poll loop failed")
             self._poller = None
-            await self._confirm_offset()
         self._stopped = True
         if self._inflight == 0:
             await self._close_session()
@@ -234,18 +233,62 @@ class TelegramChannel:
             await asyncio.wait_for(self._stopping.wait(), seconds)
         return self._stopping.is_set()
 
-    async def _get_updates(self) -> list[Any] | None:
-        """One long poll (the updates as JSON values); None when `stop()` interrupted it."""
+    async def _poll_as_leader(self) -> None:
+        """Long polling on one replica at a time: with several replicas on one database the
+        poller holds a job lease (`telegram:poller:<bot id>`); the others stand by and one
+        takes over when the leader stops or dies. A single process always leads. The offset
+        is confirmed before the lead is handed over, so the next leader starts after it."""
+        assert self._runtime is not None
+        leader = getattr(self._runtime, "leader", None)
+        if leader is None:  # a stand-in runtime without leases (benchmarks): poll alone
+            await self._poll_loop()
+            await self._confirm_offset()
+            return
+        lead = leader(f"telegram:poller:{self.bot_id}")
+        while not self._stopping.is_set():
+            entering = asyncio.ensure_future(lead.__aenter__())
+            if not await self._unless_stopping(entering):
+                return
+            try:
+                await self._poll_loop(lead.lost)
+                if not lead.lost.is_set():
+                    await self._confirm_offset()
+            finally:
+                await lead.__aexit__(None, None, None)
+            if lead.lost.is_set() and not self._stopping.is_set():
+                log.warning("telegram.poll another replica took over polling; standing by")
+
+    async def _unless_stopping(self, task: asyncio.Future[Any]) -> bool:
+        """Wait for `task`; if `stop()` comes first, cancel it and return False."""
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        return False
+
+    async def _get_updates(self, lost: asyncio.Event | None = None) -> list[Any] | None:
+        """One long poll (the updates as JSON values); None when `stop()` interrupted it or
+        the polling lead was `lost`."""
         assert self._bot is not None
         method = RawGetUpdates(
             offset=self._offset, timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
         )
         poll = asyncio.ensure_future(self._bot(method, request_timeout=self.poll_timeout + 15))
-        stop = asyncio.ensure_future(self._stopping.wait())
+        waits = {asyncio.ensure_future(self._stopping.wait())}
+        if lost is not None:
+            waits.add(asyncio.ensure_future(lost.wait()))
         try:
-            await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({poll, *waits}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.cancel()
+            for wait in waits:
+                wait.cancel()
         if not poll.done():
             poll.cancel()
             with contextlib.suppress(BaseException):
@@ -253,12 +296,13 @@ class TelegramChannel:
             return None
         return poll.result()
 
-    async def _poll_loop(self) -> None:
+    async def _poll_loop(self, lost: asyncio.Event | None = None) -> None:
+        """Poll until `stop()` or until the polling lead is `lost`."""
         failures = 0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not (lost is not None and lost.is_set()):
             delay = min(self.retry_base * 2**failures, 30.0)
             try:
-                updates = await self._get_updates()
+                updates = await self._get_updates(lost)
             except TelegramConflictError as exc:
                 failures += 1
                 log.warning(

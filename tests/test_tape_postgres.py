@@ -169,7 +169,13 @@ async def test_schema_created_at_first_start_and_versioned(pg_url) -> None:
         await store.append("t", msg("x"))
     async with open_store(pg_url) as store:  # a second start changes nothing
         assert (await store.stats("t")).entries == 1
-    assert await tables(pg_url) == {"bub_schema_version", "bub_tapes", "bub_entries", "bub_dedupe"}
+    assert await tables(pg_url) == {
+        "bub_schema_version",
+        "bub_tapes",
+        "bub_entries",
+        "bub_dedupe",
+        "bub_leases",
+    }
     conn = await asyncpg.connect(pg_url)
     try:
         versions = await conn.fetch("SELECT version FROM bub_schema_version ORDER BY version")

@@ -24,7 +24,7 @@ from ..workspaces import load_workspace_map
 from .command_runner import CommandRunner
 from .delivery import Delivery
 from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
-from .leases import LeaseKey, Leases, LocalLeases
+from .leases import Leadership, LeaseKeeper, LeaseKey, Leases, LocalLeases
 from .session import Session
 from .streaming import TurnStream, open_stream
 
@@ -51,7 +51,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.leases: Leases = leases or LocalLeases()
-        self._background: list[asyncio.Task[None]] = []
+        self.lease_keeper = LeaseKeeper(self.leases, settings.lease_seconds, self._emit)
         self.store = store
         self.agent = agent
         self.channels: dict[str, Channel] = dict(channels or {})
@@ -98,8 +98,9 @@ class Runtime:
     async def receive(self, inbound: Inbound) -> Received:
         """Store an inbound message durably (deduplicated) and schedule its session's work.
 
-        Returns once the message is on disk; a re-delivery returns `Received(new=False)`
-        and changes nothing.
+        Returns once the message is on disk (with several replicas: and its session's lease
+        was tried, see leases.py); a re-delivery returns `Received(new=False)` and changes
+        nothing.
         """
         moved_to = await self._moved_to(
             inbound.session_id, await self._workspace_for(inbound.session_id, inbound.workspace)
@@ -154,6 +155,10 @@ class Runtime:
         if written is None:
             log.info("inbound.duplicate session=%s key=%s", inbound.session_id, keys[0])
             self._emit("inbound", channel=inbound.channel, outcome="duplicate")
+            if self.leases.shared and not self._closing:
+                # The replica that stored it may have died before taking the lease (it never
+                # acknowledged, so this is the platform's re-delivery): look at the session.
+                await self._claim(self._session(inbound.session_id, inbound.workspace))
             return Received(new=False)
         # The worker may have finished (and forgotten this session) while we were writing.
         session = self._session(inbound.session_id, inbound.workspace)
@@ -170,7 +175,7 @@ class Runtime:
             barrier = session.barrier
             if barrier is None or barrier <= (session.cursor or 0):  # none, or one handled
                 session.barrier = entry_id
-        self._wake(session)
+        await self._claim(session)
         return Received(new=True, entry_id=entry_id)
 
     def note_inbound(self, channel: str, outcome: str) -> None:
@@ -259,14 +264,35 @@ class Runtime:
             self._moved[session_id] = moved
         return moved
 
+    async def _claim(self, session: Session) -> None:
+        """Wake the session after something was stored for it. With shared leases, return
+        only after its lease was tried (so the platform is acknowledged once the message has
+        an owner: this replica, or a holder that looks again after releasing); while shutting
+        down, hand the session to the other replicas instead."""
+        self._wake(session)
+        if not self.leases.shared:
+            return
+        if self._closing and not session.running:
+            try:
+                await self.lease_keeper.hand_over(LeaseKey(session.tape.name, session.id))
+            except Exception as exc:
+                log.warning("lease.handover_failed session=%s: %s", session.id, exc)
+            return
+        await session.claimed.wait()
+
     def _wake(self, session: Session) -> None:
         session.dirty = True
         if self._closing or session.running:
             return
         session.running = True
         session.idle.clear()
+        session.claimed.clear()
         session.task = asyncio.get_running_loop().create_task(
             self._work(session), name=f"session:{session.id}"
+        )
+        # Also when the task is cancelled before it ran: `receive` must not wait forever.
+        session.task.add_done_callback(
+            lambda task: session.claimed.set() if session.task is task else None
         )
 
     async def wait_idle(self, session_id: str, timeout: float | None = None) -> None:
@@ -282,6 +308,7 @@ class Runtime:
             if not await self._take_lease(session, key):
                 return
         except asyncio.CancelledError:
+            self._forget(session)
             raise
         except Exception:
             log.exception("lease.failed session=%s", session.id)
@@ -298,6 +325,14 @@ class Runtime:
                 items = await session.tape.query(
                     after_id=session.cursor, kinds=["message", "event"]
                 )
+                if session.adopted and not self._serves(items):
+                    # Left for the process that runs its channel (its next start resumes it).
+                    log.info("lease.skipped session=%s: its channel does not run here", session.id)
+                    session.leased = False
+                    await self.lease_keeper.give_back(key)
+                    session.dirty = False
+                    break
+                session.adopted = None
                 if await self._deliver_pending_reply(session, items):
                     continue
                 pending = [e for e in items if is_pending(e)]
@@ -330,35 +365,60 @@ class Runtime:
             log.exception("session worker failed session=%s", session.id)
             session.cursor = None
         finally:
-            session.running = False
             session.barrier = None
-            if session.leased:
-                await self._give_back(session, key)
-            session.idle.set()
-            if not self._closing and not session.dirty:
-                self._sessions.pop(session.id, None)
-            elif session.dirty and not self._closing:
-                self._wake(session)
+            try:
+                if session.leased:
+                    # Still `running` meanwhile: a message stored here now only marks the
+                    # session dirty, and the next worker takes the lease again.
+                    await self._give_back(session, key)
+            finally:
+                session.running = False
+                session.adopted = None
+                session.idle.set()
+                if not self._closing and not session.dirty:
+                    self._sessions.pop(session.id, None)
+                elif session.dirty and not self._closing:
+                    self._wake(session)
 
-    # -- leases (several replicas on one database) -------------------------------------------
+    # -- leases (several replicas on one database; the rules are in leases.py) ----------------
     async def _take_lease(self, session: Session, key: LeaseKey) -> bool:
         """Take the session's lease before reading its queue; False: another replica has
-        it (and will see what we stored: a holder looks at the queue after releasing)."""
+        it (and will see what was stored: a holder looks at the queue after releasing)."""
         if not self.leases.shared:
+            session.claimed.set()
             return True
-        if not await self.leases.acquire(key):
-            log.info("lease.busy session=%s", session.id)
-            self._forget(session)
-            return False
+        try:
+            while True:
+                session.dirty = False
+                if await self.lease_keeper.take(key, lambda: self._lost(session)):
+                    break
+                # A message stored here during the attempt may have come after it: again.
+                if not session.dirty or self._closing:
+                    log.info("lease.busy session=%s", session.id)
+                    self._forget(session)
+                    return False
+        finally:
+            session.claimed.set()
         session.leased = True
-        self._emit("lease", outcome="acquired")
-        self._ensure_renewal()
+        # Another replica may have answered messages since this process last held it.
+        session.cursor = None
+        self._emit("lease", outcome=session.adopted or "acquired")
+        if session.adopted:
+            log.info("lease.%s session=%s", session.adopted, session.id)
         return True
+
+    def _lost(self, session: Session) -> None:
+        """The session's lease is no longer ours: stop its work here at once."""
+        session.leased = False
+        if session.task is not None and not session.task.done():
+            session.task.cancel()
 
     def _forget(self, session: Session) -> None:
         session.running = False
         session.dirty = False
+        session.adopted = None
         session.idle.set()
+        session.claimed.set()
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
 
@@ -367,62 +427,30 @@ class Runtime:
         replica stored while we held the lease is ours to answer."""
         session.leased = False
         try:
-            await self.leases.release(key, handover=self._closing)
-            if self._closing or session.dirty:
+            await self.lease_keeper.give_back(key, handover=self._closing)
+            if self._closing:
                 return
+            if session.dirty:
+                return  # stored here meanwhile: the next worker takes the lease again
             items = await session.tape.query(
                 after_id=await self._read_cursor(session.tape), kinds=["message", "event"]
             )
             if any(is_pending(e) for e in items) or unhandled_replies(items):
                 session.dirty = True
-                session.cursor = None  # another replica may have moved it
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("lease.release_failed session=%s", session.id)
 
-    def _ensure_renewal(self) -> None:
-        if not any(t.get_name() == "lease-renewal" for t in self._background if not t.done()):
-            self._background.append(
-                asyncio.get_running_loop().create_task(self._renew_loop(), name="lease-renewal")
-            )
+    def _serves(self, items: list[TapeEntry]) -> bool:
+        """Whether this process runs the channel the session's work is for (as `resume`
+        decides): a session adopted by its lease alone may belong to `bub-bot run`."""
+        channel = next((e.meta["channel"] for e in reversed(items) if e.meta.get("channel")), None)
+        return channel is None or channel in self.channels
 
-    async def _renew_loop(self) -> None:
-        """Extend the leases of running sessions; a session whose lease was lost stops."""
-        interval = self.settings.lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            held = {s.tape.name: s for s in self._sessions.values() if s.leased}
-            if not held:
-                if self._closing:
-                    return
-                continue
-            try:
-                lost = await self.leases.renew(LeaseKey(n, s.id) for n, s in held.items())
-            except Exception as exc:
-                log.warning("lease.renew_failed sessions=%d: %s", len(held), exc)
-                continue
-            for name in lost:
-                session = held[name]
-                log.warning("lease.lost session=%s: stopping its work here", session.id)
-                session.leased = False
-                self._emit("lease", outcome="lost")
-                if session.task is not None:
-                    session.task.cancel()
-
-    async def _sweep_loop(self) -> None:
-        """Take over sessions whose owner stopped renewing (a replica died)."""
-        interval = self.settings.lease_seconds / 3
-        while not self._closing:
-            await asyncio.sleep(interval)
-            try:
-                for key in await self.leases.lapsed():
-                    self._adopt(key, takeover=True)
-            except Exception as exc:
-                log.warning("lease.sweep_failed: %s", exc)
-
-    def _adopt(self, key: LeaseKey, *, takeover: bool = False) -> None:
-        """Wake a session known only by its lease (a handover or a lapsed lease)."""
+    def _adopt(self, key: LeaseKey, how: str = "handover") -> None:
+        """Wake a session known only by its lease: `how` is "handover" (another replica
+        handed it over) or "takeover" (its lease lapsed: the replica died)."""
         if self._closing:
             return
         session = self._sessions.get(key.session_id)
@@ -432,19 +460,20 @@ class Runtime:
             session.needs_workspace = True
             session.idle.set()
             self._sessions[key.session_id] = session
-        if takeover:
-            log.info("lease.takeover session=%s", key.session_id)
-            self._emit("lease", outcome="takeover")
+        if not session.running:
+            session.adopted = how
         self._wake(session)
 
+    def leader(self, name: str) -> Leadership:
+        """Leadership of job `name` across replicas (see `channels.base.Leadership`)."""
+        return Leadership(self.lease_keeper, name)
+
     async def start(self) -> None:
-        """Begin serving: with shared leases, watch for handovers and lapsed leases; then
-        resume every session with unfinished work."""
+        """Begin serving: with shared leases, take handovers and sweep for lapsed leases;
+        then resume every session with unfinished work."""
         if self.leases.shared:
-            await self.leases.listen(self._adopt)
-            self._background.append(
-                asyncio.get_running_loop().create_task(self._sweep_loop(), name="lease-sweep")
-            )
+            await self.lease_keeper.listen(self._adopt)
+            self.lease_keeper.start(lambda key: self._adopt(key, "takeover"))
         await self.resume()
 
     async def _read_cursor(self, tape: Tape) -> int:
@@ -757,11 +786,7 @@ class Runtime:
                 log.warning(
                     "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
                 )
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
-        self._background.clear()
-        await self.leases.close()
+        await self.lease_keeper.close()
 
 
 @contextlib.asynccontextmanager

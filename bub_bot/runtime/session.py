@@ -27,4 +27,12 @@ class Session:
     """This process holds the session's lease (several replicas on one database)."""
     needs_workspace: bool = False
     """Adopted by its lease alone: read the workspace its tape recorded before working."""
+    adopted: str | None = None
+    """Woken by its lease alone: "takeover" (it lapsed) or "handover" (it was handed over)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    claimed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Clear while a new worker tries to take the lease: `receive` waits for that attempt
+    before the platform is acknowledged."""
+
+    def __post_init__(self) -> None:
+        self.claimed.set()

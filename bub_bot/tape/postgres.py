@@ -30,6 +30,7 @@ import asyncpg
 from .connect import parse_database_url
 from .entries import TapeEntry, utc_now
 from .names import SIDECAR_SEP, archive_name, tape_role
+from .postgres_leases import PostgresLeases
 from .schema import migrate_postgres
 from .store import (
     AnchorNotFound,
@@ -69,10 +70,13 @@ class PostgresTapeStore(StoreBase):
 
     kind = "postgresql"
 
-    def __init__(self, pool: asyncpg.Pool, location: str, schema_version: int) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, location: str, schema_version: int, url: str = ""
+    ) -> None:
         self.pool = pool
         self.location = location
         self.schema_version = schema_version
+        self._url = url  # for connections outside the pool (the leases' listener)
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -131,10 +135,23 @@ class PostgresTapeStore(StoreBase):
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await pool.close()
             raise fail(exc) from None
-        return cls(pool, where, version)
+        return cls(pool, where, version, url)
 
     async def __aenter__(self) -> PostgresTapeStore:
         return self
+
+    def leases(self, owner: str, seconds: float) -> PostgresLeases:
+        """Leases in `bub_leases`, shared by every replica on this database (see
+        postgres_leases); handover notices arrive on a connection of their own."""
+
+        async def connect() -> asyncpg.Connection:
+            return await asyncpg.connect(
+                self._url,
+                timeout=10,
+                server_settings={"application_name": "bub-bot leases"},
+            )
+
+        return PostgresLeases(self.pool, connect, owner, seconds)
 
     async def close(self) -> None:
         """Close the pool (waits briefly for connections in use)."""
@@ -169,6 +186,11 @@ class PostgresTapeStore(StoreBase):
                 found = await conn.fetchval("SELECT date FROM bub_dedupe WHERE key = $1", key)
                 if found != now:
                     raise TapeStoreError("a row just written could not be read back")
+                # The leases table (several replicas) is there and writable too.
+                await conn.execute(
+                    "INSERT INTO bub_leases (key, owner, expires) VALUES ($1, 'doctor', now())",
+                    key,
+                )
             finally:
                 await tx.rollback()
 

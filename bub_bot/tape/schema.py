@@ -101,7 +101,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 2
+POSTGRES_VERSION = 3
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
@@ -143,6 +143,17 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
     ),
     2: ("CREATE INDEX bub_tapes_by_session ON bub_tapes (session_id) WHERE role = 'live'",),
+    # Leases of several replicas on one database (tape/postgres_leases.py): a session's
+    # (key = its tape, with the session id) or a job's (session_id NULL). Only held leases
+    # have rows; `expires` is the database's clock.
+    3: (
+        """CREATE TABLE bub_leases (
+            key         text COLLATE "C" PRIMARY KEY,
+            session_id  text,
+            owner       text NOT NULL,
+            expires     timestamptz NOT NULL
+        )""",
+    ),
 }
 
 

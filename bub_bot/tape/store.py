@@ -17,6 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
 from .entries import KINDS, TapeEntry, dumps
+from .leases import Leases, LocalLeases
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
@@ -87,6 +88,10 @@ class TapeStore(Protocol):
 
     async def probe(self) -> None:
         """Write a row and read it back in a transaction that is rolled back (doctor)."""
+
+    def leases(self, owner: str, seconds: float) -> Leases:
+        """Leases of `owner` lasting `seconds` without renewal (several replicas on one
+        database); a single-process store grants every lease (`LocalLeases`)."""
 
     async def append(self, tape: str, entry: TapeEntry) -> TapeEntry:
         """Append one entry; returns it with its id."""
@@ -387,6 +392,10 @@ class StoreBase:
 
     async def close(self) -> None:
         raise NotImplementedError
+
+    def leases(self, owner: str, seconds: float) -> Leases:
+        """One process on this database: every lease is granted (see TapeStore)."""
+        return LocalLeases()
 
     async def append_many(
         self, tape: str, entries: Iterable[TapeEntry], **options: Any

@@ -1,0 +1,106 @@
+"""Leases: rows in the tape database that say which process runs what (the interface).
+
+A store hands out a `Leases` for one owner (`TapeStore.leases`): PostgreSQL keeps them in a
+table shared by every replica on the database (`postgres_leases`); SQLite has one process, so
+its `LocalLeases` grants everything at once and stores nothing. How the runtime uses them is
+described in `bub_bot/runtime/leases.py`.
+
+Two kinds of lease share the table: a session's (named by its tape, carrying the session id,
+adopted by another replica when its owner dies) and a job's (one replica at a time runs it,
+e.g. Telegram long polling; no session id; a standby takes it when it lapses).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseKey:
+    """A lease's name: a session's tape (tape names include the workspace) and its session
+    id, or a job's name with an empty session id (`LeaseKey.job`)."""
+
+    tape: str
+    session_id: str
+
+    @classmethod
+    def job(cls, name: str) -> LeaseKey:
+        """The lease of a job only one replica runs at a time."""
+        return cls(name, "")
+
+    @property
+    def is_session(self) -> bool:
+        return bool(self.session_id)
+
+
+class Leases(Protocol):
+    """Leases shared by every process on one database, held by one owner (this process)."""
+
+    shared: bool
+    """False for a single-process store: every lease is granted and nothing is renewed."""
+
+    owner: str
+    """This process's owner id (host, pid and a random part)."""
+
+    async def acquire(self, key: LeaseKey) -> bool:
+        """Take (or extend) the lease; False when another live owner holds it."""
+
+    async def renew(self, keys: Iterable[LeaseKey]) -> set[str]:
+        """Extend these leases (one statement); returns the names no longer ours."""
+
+    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+        """Give the lease up. `handover`: leave it lapsed at once and tell the other
+        processes (they take it now; if the notice is lost, their sweep finds it)."""
+
+    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+        """Session leases whose owner stopped renewing (a dead replica's sessions), oldest
+        first. Job leases are never listed: their standbys retry on their own."""
+
+    async def next_lapse(self) -> float | None:
+        """Seconds until the next session lease of another owner lapses if not renewed
+        (None: there is none), so a sweep can look right then."""
+
+    async def listen(self, on_handover: Callable[[LeaseKey], None]) -> None:
+        """Call `on_handover` when another process hands a lease over."""
+
+    async def close(self) -> None:
+        """Stop listening; release nothing (a clean shutdown releases explicitly)."""
+
+
+class LocalLeases:
+    """One process owns everything (SQLite): every lease is granted, nothing is stored."""
+
+    shared = False
+    owner = "local"
+
+    async def acquire(self, key: LeaseKey) -> bool:
+        return True
+
+    async def renew(self, keys: Iterable[LeaseKey]) -> set[str]:
+        return set()
+
+    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+        return None
+
+    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+        return []
+
+    async def next_lapse(self) -> float | None:
+        return None
+
+    async def listen(self, on_handover: Callable[[LeaseKey], None]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def owner_id() -> str:
+    """A new owner id for this process: host name, pid and a random part (a restarted process
+    with a recycled pid is still someone else)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

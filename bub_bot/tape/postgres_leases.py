@@ -1,0 +1,235 @@
+"""Leases in PostgreSQL: the `bub_leases` table, shared by every replica on the database.
+
+One row per held lease: (key, session_id, owner, expires). Every time is the database's clock
+(`now()`), never a replica's, so replicas whose clocks disagree still agree on who holds what.
+
+- acquire: one upsert that takes the row when it is free, lapsed, or already ours; two
+  replicas racing for a free key serialise on the primary key and exactly one gets it.
+- renew: one UPDATE for every key this process holds; the keys it did not return are lost
+  (someone took them over after they lapsed).
+- release: DELETE where the owner is us. A handover instead leaves the row lapsed with no
+  owner and sends NOTIFY: the others take it at once, and if the notice is lost (a listener
+  reconnecting) their sweep still finds the lapsed row.
+- lapsed: session rows past their expiry, oldest first, bounded; next_lapse: when the next
+  one will be, so the sweep looks right then instead of up to a third of a lease later.
+
+NOTIFY channels are per database, not per schema: the channel name carries the schema, so
+two bub-bots sharing a database in different schemas never hear each other. The listener has
+its own connection (not one of the pool's) and reconnects when it drops or stops answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import asyncpg
+
+from .leases import LeaseKey
+
+log = logging.getLogger("bub_bot.leases")
+
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+_ACQUIRE = """
+INSERT INTO bub_leases AS l (key, session_id, owner, expires)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+ON CONFLICT (key) DO UPDATE
+    SET session_id = EXCLUDED.session_id, owner = EXCLUDED.owner, expires = EXCLUDED.expires
+    WHERE l.owner = EXCLUDED.owner OR l.expires < now()
+RETURNING key
+"""
+
+_RENEW = """
+UPDATE bub_leases SET expires = now() + make_interval(secs => $3)
+WHERE key = ANY($1::text[]) AND owner = $2
+RETURNING key
+"""
+
+# Ours, or lapsed anyway: marked lapsed with no owner (a row is written even when none was
+# there, so a lost notice is still found by the sweep). A live row of another owner is left
+# alone: that owner looks at the session again after it releases.
+_HANDOVER = """
+WITH handed AS (
+    INSERT INTO bub_leases AS l (key, session_id, owner, expires)
+    VALUES ($1, $2, '', '-infinity')
+    ON CONFLICT (key) DO UPDATE SET owner = '', expires = '-infinity'
+        WHERE l.owner = $3 OR l.expires < now()
+    RETURNING key
+)
+SELECT pg_notify($4, $5) FROM handed
+"""
+
+_LAPSED = """
+SELECT key, session_id FROM bub_leases
+WHERE session_id IS NOT NULL AND expires < now()
+ORDER BY expires LIMIT $1
+"""
+
+_NEXT_LAPSE = """
+SELECT extract(epoch FROM min(expires) - now())::float8 FROM bub_leases
+WHERE session_id IS NOT NULL AND owner <> $1 AND expires >= now()
+"""
+
+WATCH_SECONDS = 5.0
+"""How often the listener connection is checked (and reconnected when it stopped answering)."""
+
+
+class PostgresLeases:
+    """Leases of one owner in `bub_leases`, on the store's pool (see the module docstring)."""
+
+    shared = True
+
+    def __init__(self, pool: asyncpg.Pool, connect: Connect, owner: str, seconds: float) -> None:
+        self.pool = pool
+        self.owner = owner
+        self.seconds = float(seconds)
+        self._connect = connect
+        self._channel: str | None = None
+        self._listener: asyncpg.Connection | None = None
+        self._on_handover: Callable[[LeaseKey], None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
+        self.watch_seconds = WATCH_SECONDS
+
+    async def channel(self) -> str:
+        """The NOTIFY channel of this schema's bub-bot."""
+        if self._channel is None:
+            async with self.pool.acquire() as conn:
+                schema = await conn.fetchval("SELECT current_schema()")
+            self._channel = (
+                "bub_handover" if schema in (None, "public") else f"bub_handover:{schema}"
+            )
+        return self._channel
+
+    # -- leases -------------------------------------------------------------------------------
+    async def acquire(self, key: LeaseKey) -> bool:
+        async with self.pool.acquire() as conn:
+            got = await conn.fetchval(
+                _ACQUIRE, key.tape, key.session_id or None, self.owner, self.seconds
+            )
+        return got is not None
+
+    async def renew(self, keys: Iterable[LeaseKey]) -> set[str]:
+        names = sorted({k.tape for k in keys})
+        if not names:
+            return set()
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_RENEW, names, self.owner, self.seconds)
+        return set(names) - {row["key"] for row in rows}
+
+    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+        if not handover:
+            async with self.pool.acquire() as conn:
+                await conn.execute(
+                    "DELETE FROM bub_leases WHERE key = $1 AND owner = $2", key.tape, self.owner
+                )
+            return
+        payload = json.dumps({"key": key.tape, "session": key.session_id, "from": self.owner})
+        channel = await self.channel()
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                _HANDOVER, key.tape, key.session_id or None, self.owner, channel, payload
+            )
+
+    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_LAPSED, limit)
+        return [LeaseKey(row["key"], row["session_id"]) for row in rows]
+
+    async def next_lapse(self) -> float | None:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval(_NEXT_LAPSE, self.owner)
+
+    # -- handover notices ---------------------------------------------------------------------
+    async def listen(self, on_handover: Callable[[LeaseKey], None]) -> None:
+        """Start listening (a first connection now; reconnects in the background)."""
+        self._on_handover = on_handover
+        await self.channel()
+        try:
+            await self._open_listener()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("leases.listen failed, retrying in the background: %s", exc)
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch(), name="lease-listener"
+            )
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
+    async def _open_listener(self) -> None:
+        conn = await self._connect()
+        try:
+            await conn.add_listener(await self.channel(), self._notified)
+        except BaseException:
+            await _close(conn)
+            raise
+        old, self._listener = self._listener, conn
+        if old is not None:
+            await _close(old)
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+            key = LeaseKey(str(data["key"]), str(data.get("session") or ""))
+            sender = data.get("from")
+        except (ValueError, KeyError, TypeError):
+            log.warning("leases.notice unreadable: %.200s", payload)
+            return
+        if sender == self.owner or self._on_handover is None:
+            return
+        try:
+            self._on_handover(key)
+        except Exception:
+            log.exception("leases.notice handler failed key=%s", key.tape)
+
+    async def _watch(self) -> None:
+        """Keep the listener connected: check it every few seconds, reconnect when it is gone
+        or does not answer (a dropped TCP connection is not always noticed otherwise)."""
+        failures = 0
+        while not self._closed:
+            await asyncio.sleep(min(self.watch_seconds * 2**failures, 30.0))
+            conn = self._listener
+            try:
+                if conn is None or conn.is_closed():
+                    raise ConnectionError("listener connection closed")
+                await conn.fetchval("SELECT 1", timeout=max(self.watch_seconds, 1.0))
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if failures == 0:
+                    log.warning("leases.listener lost (%s); reconnecting", exc)
+            try:
+                await self._open_listener()
+                log.info("leases.listener reconnected")
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("leases.listener reconnect failed: %s", exc)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watcher
+            self._watcher = None
+        if self._listener is not None:
+            await _close(self._listener)
+            self._listener = None
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), 5)
+    except Exception:
+        conn.terminate()
