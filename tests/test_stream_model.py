@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from bub_bot.agent import AUTO_HANDOFF_ANCHOR, ContextOverflow, ModelClient, ModelError, Progress
-from bub_bot.secrets import REDACTED
+from bub_bot.agent.streaming import ScrubbedText
+from bub_bot.secrets import REDACTED, Scrubber
 from tests.fakes.openai_server import (
     FakeOpenAI,
     broken,
@@ -272,3 +273,26 @@ async def test_auto_handoff_on_an_overflow_event(fake_openai, agent, tape):
     assert result.status == "ok" and result.auto_handoff and result.reply == "fresh answer"
     anchors = await tape.query(kinds=["anchor"], names=[AUTO_HANDOFF_ANCHOR])
     assert len(anchors) == 1
+
+
+def test_scrubbed_text_holds_back_what_could_start_a_secret() -> None:
+    scrub = Scrubber(["sk-secretvalue1", "sk-secretother2"])
+    text_ = ScrubbedText(scrub)
+    shown = []
+    for ch in "ok sk-secretvalue1 sk-secre and sk-secretother2!":
+        text_.add(ch)
+        shown.append(text_.text)
+    assert all("sk-secretv" not in s and "sk-secreto" not in s for s in shown)
+    assert "sk-secre and" in shown[-1]  # a prefix that turned out not to be one is shown
+    assert text_.finish() == f"ok {REDACTED} sk-secre and {REDACTED}!"
+
+
+async def test_sse_with_crlf_and_no_space_after_the_colon(fake_openai: FakeOpenAI, client):
+    body = (
+        'data:{"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\r\n\r\n'
+        'event: message\r\ndata: {"id":"c","choices":[{"index":0,"delta":{"content":"b"},'
+        '"finish_reason":"stop"}]}\r\n\r\ndata: [DONE]\r\n\r\n'
+    )
+    fake_openai.script(raw(body, "text/event-stream"))
+    reply = await client().complete(USER, on_progress=Watcher())
+    assert reply.content == "ab" and len(fake_openai.completion_requests()) == 1
