@@ -432,9 +432,12 @@ class Runtime:
                 return
             if session.dirty:
                 return  # stored here meanwhile: the next worker takes the lease again
-            items = await session.tape.query(
-                after_id=await self._read_cursor(session.tape), kinds=["message", "event"]
-            )
+            # Our cursor is the tape's: nobody else moved it while we held the lease (if
+            # another replica moves it from now on, at worst a worker looks once for nothing).
+            cursor = session.cursor
+            if cursor is None:
+                cursor = await self._read_cursor(session.tape)
+            items = await session.tape.query(after_id=cursor, kinds=["message", "event"])
             if any(is_pending(e) for e in items) or unhandled_replies(items):
                 session.dirty = True
         except asyncio.CancelledError:
