@@ -1,4 +1,8 @@
-"""The model client: chat completions through the official openai SDK, any compatible server."""
+"""The model client: chat completions through the official openai SDK, any compatible server.
+
+Plain or streamed (when someone watches the step); what an answer must hold is checked in
+`answers`, streamed answers are assembled in `streaming`, errors are read in `model_errors`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,32 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ..config import DEFAULT_OPENAI_BASE_URL, Settings
 from ..secrets import Scrubber
+from .answers import (
+    Unusable,
+    completion_of,
+    content_of,
+    decoded,
+    public_url,
+    tool_calls_of,
+    usage_of,
+)
+from .model_errors import (
+    UNUSABLE_MESSAGE,
+    ContextOverflow,
+    ModelError,
+    dropped_connection,
+    error_fields,
+    is_context_overflow,
+    is_overflow_error,
+    refuses_streaming,
+    status_message,
+)
 from .streaming import (
     Assembler,
     Progress,
@@ -27,36 +48,20 @@ from .streaming import (
 if TYPE_CHECKING:
     import openai
 
+__all__ = [
+    "UNUSABLE_MESSAGE",
+    "ContextOverflow",
+    "ModelClient",
+    "ModelError",
+    "ModelReply",
+    "is_context_overflow",
+    "public_url",
+]
+
 log = logging.getLogger(__name__)
 
 # The openai SDK takes about a second to import; it is imported on the first model call so
 # `bub-bot serve` reports ready (and answers health checks) sooner.
-
-_OVERFLOW_TEXT = re.compile(
-    r"maximum context length|context (?:length|window|size)|exceeds the available context"
-    r"|prompt is too long|input tokens exceed|exceed(?:s|ed)? (?:the )?context limit"
-    r"|too many tokens",
-    re.IGNORECASE,
-)
-
-
-class ModelError(Exception):
-    """The model call failed for good (after the SDK's bounded retries).
-
-    `user_message` is plain text that can go to the chat; the exception text is for logs.
-    """
-
-    def __init__(self, message: str, user_message: str) -> None:
-        super().__init__(message)
-        self.user_message = user_message
-
-
-class ContextOverflow(ModelError):
-    """The provider rejected the request for its length."""
-
-
-class _Unusable(Exception):
-    """A 200 answer that is not a chat completion; the text says what it was instead."""
 
 
 class _Fallback(Exception):
@@ -66,82 +71,6 @@ class _Fallback(Exception):
     def __init__(self, reason: str, *, shown: bool) -> None:
         super().__init__(reason)
         self.shown = shown
-
-
-UNUSABLE_MESSAGE = (
-    "The model service sent an answer I could not read. The operator needs to check"
-    " OPENAI_BASE_URL (it should point at an OpenAI-compatible API, usually ending in /v1)."
-)
-
-
-def _error_fields(exc: openai.APIStatusError) -> tuple[str, str, str]:
-    """(code, type, message) from whatever error body shape the server used."""
-    body: Any = exc.body
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body = body["error"]
-    code = getattr(exc, "code", None)
-    if isinstance(body, dict):
-        code = code if code is not None else body.get("code")
-        type_ = body.get("type") or getattr(exc, "type", None) or ""
-        message = body.get("message") or body.get("error") or exc.message
-    else:
-        type_, message = getattr(exc, "type", None) or "", str(body or exc.message)
-    if not isinstance(message, str):
-        message = json.dumps(message)
-    return str(code or ""), str(type_), message
-
-
-def is_context_overflow(exc: BaseException) -> bool:
-    """True when a provider error means "the prompt is longer than the model's window".
-
-    Covers OpenAI (`context_length_exceeded`), llama.cpp (`exceed_context_size_error`),
-    vLLM / OpenRouter / DeepSeek ("maximum context length"), Anthropic ("prompt is too long"),
-    newer OpenAI ("Input tokens exceed"), and HTTP 413; other 400s (bad tool schema) are not.
-    """
-    import openai
-
-    if not isinstance(exc, openai.APIStatusError):
-        return False
-    if exc.status_code == 413:
-        return True
-    if exc.status_code != 400:
-        return False
-    code, type_, message = _error_fields(exc)
-    if code == "context_length_exceeded" or type_ == "exceed_context_size_error":
-        return True
-    return bool(_OVERFLOW_TEXT.search(message) or _OVERFLOW_TEXT.search(str(exc.body)))
-
-
-def _is_overflow_error(error: Any) -> bool:
-    """The same judgement for an error object that came as an event inside a stream."""
-    if not isinstance(error, dict):
-        return bool(_OVERFLOW_TEXT.search(str(error)))
-    if error.get("code") == "context_length_exceeded":
-        return True
-    if error.get("type") == "exceed_context_size_error":
-        return True
-    return bool(_OVERFLOW_TEXT.search(str(error.get("message") or "")))
-
-
-_STREAM_WORDS = re.compile(r"\bstream(?:ing|_options)?\b", re.IGNORECASE)
-
-
-def _refuses_streaming(exc: openai.APIStatusError) -> bool:
-    """A 4xx that names `stream` / `stream_options`: the server does not stream (or not
-    with usage)."""
-    if exc.status_code not in (400, 404, 405, 422, 501):
-        return False
-    _, _, message = _error_fields(exc)
-    return bool(_STREAM_WORDS.search(message) or _STREAM_WORDS.search(str(exc.body)))
-
-
-def _decoded(raw: bytes) -> Any:
-    """A body read by hand: its JSON, else its text (for the same checks as a plain answer)."""
-    text = raw.decode("utf-8", "replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,119 +84,6 @@ class ModelReply:
     latency_ms: float
     finish_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _get(raw: Any, name: str) -> Any:
-    """A field of an SDK object or of a plain JSON dict."""
-    return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
-
-
-def _usage(raw: Any) -> dict[str, Any]:
-    """Token counts of a usage block (SDK object or JSON dict); anything else counts nothing."""
-    if raw is None or isinstance(raw, str | int | float | list):
-        return {}
-    usage = {
-        "prompt_tokens": _get(raw, "prompt_tokens"),
-        "completion_tokens": _get(raw, "completion_tokens"),
-        "total_tokens": _get(raw, "total_tokens"),
-    }
-    details = _get(raw, "prompt_tokens_details")
-    cached = _get(details, "cached_tokens") if details is not None else None
-    if cached is not None:
-        usage["cached_tokens"] = cached
-    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
-
-
-def public_url(url: str) -> str:
-    """`url` without user-info, query and fragment: fit for logs and error texts (proxies
-    take credentials as `user:pass@` or `?api-key=`)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "(an invalid URL)"
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 literal
-    if port is not None:
-        host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _describe(data: Any) -> str:
-    """What a 200 answer was, in a few words (never its text: it may echo our headers)."""
-    if isinstance(data, str):
-        stripped = data.lstrip()
-        if not stripped:
-            return "an empty body"
-        if stripped[:1] == "<":
-            return "an HTML page" if "html" in stripped[:512].lower() else "an XML/HTML body"
-        return "a non-JSON body"
-    if data is None:
-        return "JSON null"
-    return f"a JSON {type(data).__name__}"
-
-
-def _content(message: dict[str, Any]) -> str:
-    """The assistant text: a string, null, or a list of text parts."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        return "".join(p["text"] for p in content if isinstance(p.get("text"), str))
-    raise _Unusable(f"a message whose content is a {type(content).__name__}")
-
-
-def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tool calls in our tape's shape; a missing id is made up, dict arguments dumped."""
-    raw = message.get("tool_calls")
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _Unusable(f"tool_calls that are a {type(raw).__name__}, not a list")
-    calls = []
-    for call in raw:
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
-            raise _Unusable("a tool call without a function name")
-        arguments = function.get("arguments")  # type: ignore[union-attr]
-        if arguments is None:
-            arguments = ""
-        elif not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        call_id = call.get("id")
-        if not isinstance(call_id, str) or not call_id:
-            call_id = "call_" + uuid.uuid4().hex[:24]
-        calls.append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-        )
-    return calls
-
-
-def _completion(data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the completion, its first choice's message) or _Unusable."""
-    if isinstance(data, str) and data.strip():
-        try:  # a valid completion sent with a sloppy content type
-            data = json.loads(data)
-        except ValueError:
-            pass
-    if not isinstance(data, dict):
-        raise _Unusable(_describe(data))
-    choices = data.get("choices")
-    if choices is None:
-        raise _Unusable("JSON with no choices")
-    if not isinstance(choices, list):
-        raise _Unusable("choices that are not a list")
-    if not choices:
-        raise _Unusable("no choices")
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
-        raise _Unusable("a choice without a message")
-    return data, message
 
 
 class ModelClient:
@@ -381,8 +197,8 @@ class ModelClient:
                 stream_cls=openai.AsyncStream[object],
             )
         except openai.APIStatusError as exc:
-            if not is_context_overflow(exc) and _refuses_streaming(exc):
-                message = _error_fields(exc)[2]
+            if not is_context_overflow(exc) and refuses_streaming(exc):
+                message = error_fields(exc)[2]
                 if "stream_options" in message or "include_usage" in message:
                     self._stream_usage = False  # streams, but not with usage
                 else:
@@ -400,7 +216,7 @@ class ModelClient:
                 # one, which the same checks as a plain answer report).
                 self._stream_refused = True
                 log.info("model.stream_ignored base_url=%s", public_url(self.base_url))
-                return self._reply(_decoded(await response.aread()), started)
+                return self._reply(decoded(await response.aread()), started)
             assembler = Assembler(self._scrub, on_progress)
             try:
                 async for event, data in events(response.aiter_bytes()):
@@ -414,9 +230,9 @@ class ModelClient:
                         )
                     assembler.add(chunk)
                 parts = assembler.result()
-                calls = _tool_calls({"tool_calls": parts.tool_calls})
+                calls = tool_calls_of({"tool_calls": parts.tool_calls})
             except StreamErrorEvent as exc:
-                if _is_overflow_error(exc.error):
+                if is_overflow_error(exc.error):
                     if assembler.shown:
                         on_progress(Progress("reset"))  # the retry after a handoff follows
                     raise self._overflow(str(exc)) from None
@@ -424,7 +240,7 @@ class ModelClient:
                     self._scrub.text(f"an error event in the stream: {str(exc)[:300]}"),
                     shown=assembler.shown,
                 ) from None
-            except (StreamBroken, _Unusable) as exc:
+            except (StreamBroken, Unusable) as exc:
                 raise _Fallback(str(exc), shown=assembler.shown) from None
             except (ModelError, asyncio.CancelledError):
                 raise
@@ -446,7 +262,7 @@ class ModelClient:
         return ModelReply(
             content=parts.content,
             tool_calls=calls,
-            usage=_usage(parts.usage),
+            usage=usage_of(parts.usage),
             model=model if isinstance(model, str) and model else self.model,
             latency_ms=(time.perf_counter() - started) * 1000,
             finish_reason=parts.finish_reason,
@@ -459,17 +275,17 @@ class ModelClient:
         try:
             if isinstance(data, dict) and "choices" not in data and data.get("error"):
                 raise self._provider_error(data["error"])
-            completion, message = _completion(data)
-            content = _content(message)
-            calls = _tool_calls(message)
-        except _Unusable as exc:
+            completion, message = completion_of(data)
+            content = content_of(message)
+            calls = tool_calls_of(message)
+        except Unusable as exc:
             raise self._unusable(str(exc)) from None
         model = completion.get("model")
         finish = completion["choices"][0].get("finish_reason")
         return ModelReply(
             content=self._scrub.text(content),
             tool_calls=calls,
-            usage=_usage(completion.get("usage")),
+            usage=usage_of(completion.get("usage")),
             model=model if isinstance(model, str) and model else self.model,
             latency_ms=latency_ms,
             finish_reason=finish if isinstance(finish, str) else None,
@@ -488,15 +304,15 @@ class ModelClient:
 
         if isinstance(exc, openai.APIStatusError):
             if is_context_overflow(exc):
-                return self._overflow(_error_fields(exc)[2])
+                return self._overflow(error_fields(exc)[2])
             return ModelError(
                 self._scrub.text(
-                    f"model request failed: HTTP {exc.status_code}: {_error_fields(exc)[2]}"
+                    f"model request failed: HTTP {exc.status_code}: {error_fields(exc)[2]}"
                 ),
-                _status_message(exc.status_code),
+                status_message(exc.status_code),
             )
         if isinstance(exc, openai.APITimeoutError):
-            if _dropped_connection(exc):
+            if dropped_connection(exc):
                 return ModelError(
                     f"cannot reach the model endpoint: {exc.__cause__}",
                     "I could not reach the model service. Please try again in a moment.",
@@ -546,20 +362,6 @@ class ModelClient:
         )
 
 
-def _dropped_connection(exc: BaseException) -> bool:
-    """A refused or dropped connection that the aiohttp transport reported as a timeout."""
-    import aiohttp
-
-    cause = exc.__cause__
-    while cause is not None:
-        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
-            cause, aiohttp.ServerTimeoutError | TimeoutError
-        ):
-            return True
-        cause = cause.__cause__
-    return False
-
-
 def _http_client(settings: Settings) -> Any:
     """The SDK's aiohttp transport when it has one: with hundreds of concurrent turns the
     default httpx pool spends more CPU scanning its idle connections than on the requests."""
@@ -572,15 +374,3 @@ def _http_client(settings: Settings) -> Any:
         return factory(timeout=settings.model_timeout_seconds)
     except Exception:  # the optional transport is missing in this SDK build
         return None
-
-
-def _status_message(status: int) -> str:
-    if status == 429:
-        return "The model service is rate-limiting us right now. Please try again in a minute."
-    if status in (401, 403):
-        return "The model service refused our credentials. The operator needs to check the API key."
-    if status == 404:
-        return "The model service does not know the configured model. The operator needs to check BUB_MODEL."
-    if status >= 500:
-        return f"The model service is having trouble (HTTP {status}). Please try again in a moment."
-    return f"The model service rejected the request (HTTP {status}). Please try again or rephrase."
