@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import asyncpg
 import pytest
 
 from bub_bot.agent import Agent, ModelClient, default_registry
@@ -131,8 +132,17 @@ async def test_handover_leaves_the_lease_lapsed_and_tells_the_others(pg_store, l
     assert (await rows(pg_store))["tape-a"] == ("test:a", "staying", False)
 
 
-async def test_schemas_sharing_a_database_do_not_hear_each_other(pg_cluster, leases) -> None:
-    other_url = pg_cluster.fresh_url()  # the same database, another schema
+async def test_schemas_sharing_a_database_do_not_hear_each_other(pg_url, leases) -> None:
+    # The same database, another schema, named as long as PostgreSQL allows (channel names
+    # are identifiers too: at most 63 bytes).
+    database = pg_url.split("?")[0]
+    schema = "bub_" + "x" * 59
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        await conn.close()
+    other_url = f"{database}?search_path={schema}"
     async with open_store(other_url) as other_store:
         other = other_store.leases("other", 15)
         here = leases("here")
@@ -144,6 +154,10 @@ async def test_schemas_sharing_a_database_do_not_hear_each_other(pg_cluster, lea
             await asyncio.sleep(0.3)
             assert heard == []
             assert await other.lapsed() == []
+            # ...while a handover in its own schema reaches it.
+            await other_store.leases("neighbour", 15).release(A, handover=True)
+            await until(lambda: heard == [A])
+            assert await other.lapsed() == [A]
         finally:
             await other.close()
 

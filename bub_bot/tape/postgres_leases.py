@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -101,8 +102,10 @@ class PostgresLeases:
         if self._channel is None:
             async with self.pool.acquire() as conn:
                 schema = await conn.fetchval("SELECT current_schema()")
+            # Channel names are identifiers (at most 63 bytes): another schema's by a digest.
+            digest = hashlib.sha256(str(schema).encode()).hexdigest()[:16]
             self._channel = (
-                "bub_handover" if schema in (None, "public") else f"bub_handover:{schema}"
+                "bub_handover" if schema in (None, "public") else f"bub_handover_{digest}"
             )
         return self._channel
 
