@@ -373,3 +373,22 @@ async def test_a_message_stored_while_shutting_down_is_handed_over(
     assert await ch2.wait_sent("b", 1, timeout=5) == ["echo: arrived during shutdown"]
     await stopping
     assert ch1.texts("a") == ["slow answer"] and ch1.texts("b") == []
+
+
+async def test_a_lease_that_cannot_be_taken_fails_the_receive_and_the_retry_answers(
+    replicas, pg_store, fake_openai: FakeOpenAI
+) -> None:
+    """Stored, but the lease table is unusable: the platform is not acknowledged, and its
+    re-delivery (once the database is back) is answered."""
+    _one, ch = await replicas("one")
+    async with pg_store.pool.acquire() as conn:
+        await conn.execute("ALTER TABLE bub_leases RENAME TO bub_leases_away")
+    try:
+        with pytest.raises(RuntimeError, match="lease could not be taken"):
+            await ch.say("hello?", key="k1")
+    finally:
+        async with pg_store.pool.acquire() as conn:
+            await conn.execute("ALTER TABLE bub_leases_away RENAME TO bub_leases")
+    assert fake_openai.completion_requests() == []
+    assert (await ch.say("hello?", key="k1")).duplicate
+    assert await ch.wait_sent("a", 1) == ["echo: hello?"]

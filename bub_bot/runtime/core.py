@@ -279,6 +279,10 @@ class Runtime:
                 log.warning("lease.handover_failed session=%s: %s", session.id, exc)
             return
         await session.claimed.wait()
+        if session.claim_error is not None:
+            # Stored, but nobody may run it: not acknowledged, so the platform delivers it
+            # again and the re-delivery (a duplicate) tries the lease again.
+            raise RuntimeError(f"the session's lease could not be taken: {session.claim_error}")
 
     def _wake(self, session: Session) -> None:
         session.dirty = True
@@ -287,6 +291,7 @@ class Runtime:
         session.running = True
         session.idle.clear()
         session.claimed.clear()
+        session.claim_error = None
         session.task = asyncio.get_running_loop().create_task(
             self._work(session), name=f"session:{session.id}"
         )
@@ -310,8 +315,9 @@ class Runtime:
         except asyncio.CancelledError:
             self._forget(session)
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("lease.failed session=%s", session.id)
+            session.claim_error = exc
             self._forget(session)
             return
         try:

@@ -33,6 +33,8 @@ class Session:
     claimed: asyncio.Event = field(default_factory=asyncio.Event)
     """Clear while a new worker tries to take the lease: `receive` waits for that attempt
     before the platform is acknowledged."""
+    claim_error: Exception | None = None
+    """Why that attempt failed (the database): `receive` fails too, so the platform retries."""
 
     def __post_init__(self) -> None:
         self.claimed.set()
