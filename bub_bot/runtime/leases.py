@@ -14,7 +14,8 @@ queue is empty. Rules that make this safe without a coordinator:
 - **Nothing stored without an owner.** Because the acknowledgement waits for the attempt, a
   replica killed between storing and taking the lease never acknowledged: the platform
   re-delivers, and a re-delivery recognised as a duplicate still wakes its session, in case the
-  replica that stored it died before taking the lease.
+  replica that stored it died before taking the lease. An attempt that fails (a database
+  error) fails `receive` too, for the same re-delivery.
 - **Lapse on death.** A replica that dies stops renewing; its leases expire after
   `BUB_LEASE_SECONDS` and the survivors' sweep (every third of that, and right when the next
   lease of another replica is due to lapse) takes them over and
