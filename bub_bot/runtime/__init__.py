@@ -7,7 +7,8 @@ step leaves a fact behind (`reply.sent`, `inbound.done`), so after a crash the w
 up exactly where the facts stop: an answer already computed is delivered, not recomputed,
 and a message never answered is answered once.
 
-Modules by job: `core` (ingress, the session worker, turns, resume, shutdown), `facts`
+Modules by job: `core` (ingress, the session worker, resume, shutdown), `turns` (one turn
+with the agent), `placement` (a session's workspace and moves), `leases` (replicas), `facts`
 (what the tape says about progress), `delivery` (sending and recording reply pieces),
 `command_runner` (chat commands), `session` (in-memory bookkeeping).
 """

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,16 +15,16 @@ from typing import Any
 from channels.base import Channel, Inbound, Received
 
 from .. import commands
-from ..agent import Agent, Progress
+from ..agent import Agent
 from ..config import Settings
-from ..tape import BOOTSTRAP_ANCHOR, Tape, TapeEntry, TapeStore
-from ..workspaces import load_workspace_map
+from ..tape import Tape, TapeEntry, TapeStore
 from .command_runner import CommandRunner
 from .delivery import Delivery
 from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
 from .leases import Leadership, LeaseKeeper, LeaseKey, Leases, LocalLeases
+from .placement import Placement
 from .session import Session
-from .streaming import TurnStream, open_stream
+from .turns import FAILED_NOTE, TurnRunner
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -34,8 +32,6 @@ EXPIRED_NOTE = (
     "Sorry, I was offline and your earlier message{s} expired before I could answer."
     " Please send {it} again."
 )
-FAILED_NOTE = "Sorry, something went wrong while answering. Please try again."
-MOVED_ANCHOR = "session/moved"
 
 
 class Runtime:
@@ -62,13 +58,12 @@ class Runtime:
         """Called with (event, data) for metrics: inbound, turn, reply."""
         self.last_inbound: dict[str, float] = {}
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
-        self.workspaces = load_workspace_map(settings.workspace_map, settings.workspace)
-        self._workspaces: dict[str, Path] = {}
-        """Workspaces decided for sessions seen by this process (BUB_WORKSPACE_MAP)."""
-        self._moved: dict[str, str | None] = {}
-        """Session ids that continue another session's tape (`move_session`); None: not."""
+        self.placement = Placement(settings, store)
         self.delivery = Delivery(self.channels, self._emit, settings)
         self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
+        self.turns = TurnRunner(
+            settings, store, agent, self.channels, self.delivery, self._slots, self._emit
+        )
 
     # -- observation ---------------------------------------------------------------------------
     def _emit(self, event: str, **data: Any) -> None:
@@ -102,12 +97,13 @@ class Runtime:
         was tried, see leases.py); a re-delivery returns `Received(new=False)` and changes
         nothing.
         """
-        moved_to = await self._moved_to(
-            inbound.session_id, await self._workspace_for(inbound.session_id, inbound.workspace)
+        moved_to = await self.placement.moved_to(
+            inbound.session_id,
+            await self.placement.workspace_for(inbound.session_id, inbound.workspace),
         )
         if moved_to is not None:
             inbound = dataclasses.replace(inbound, session_id=moved_to)
-        workspace = await self._workspace_for(inbound.session_id, inbound.workspace)
+        workspace = await self.placement.workspace_for(inbound.session_id, inbound.workspace)
         if workspace != inbound.workspace:
             inbound = dataclasses.replace(inbound, workspace=workspace)
         # Only look the session up here: a duplicate must not leave a Session behind.
@@ -191,78 +187,18 @@ class Runtime:
         """The tape `receive` stores this session's messages on (its workspace's, or the one
         it continues after a move), for channels that read a conversation back. Only looks:
         a session not seen yet gets no workspace decided or directory created."""
-        workspace = await self._workspace_for(session_id, workspace, assign=False)
-        moved = await self._moved_to(session_id, workspace)
-        if moved is not None:
-            session_id, workspace = moved, await self._workspace_for(moved, None, assign=False)
-        return Tape.for_session(self.store, session_id, workspace)
+        return await self.placement.session_tape(session_id, workspace)
 
     async def tape_workspace(self, tape: Tape) -> Path:
         """The workspace a tape's session works in: the one its `session/start` anchor
         recorded (else BUB_WORKSPACE), as a resumed session does."""
-        return await self._recorded_workspace(tape)
-
-    async def _workspace_for(
-        self, session_id: str, given: Path | None, *, assign: bool = True
-    ) -> Path:
-        """The session's workspace: the channel's choice, else the one it started in (a
-        changed BUB_WORKSPACE_MAP applies to new sessions only), else the map's rule.
-        `assign=False`: a new session's would-be workspace, neither created nor remembered."""
-        if given is not None:
-            return given
-        if not self.workspaces.rules:
-            return self.settings.workspace
-        known = self._workspaces.get(session_id)
-        if known is not None:
-            return known
-        rule = self.workspaces.rule_for(session_id)
-        planned = rule.directory(session_id) if rule is not None else self.settings.workspace
-        found: Path | None = None
-        names = await self.store.session_tapes(session_id)
-        if names:
-            if Tape.for_session(self.store, session_id, planned).name in names:
-                found = planned
-            else:  # started before the map changed: it stays where it started
-                found = await self._recorded_workspace(Tape(self.store, names[-1], session_id))
-        if found is None:
-            if not assign:
-                return planned
-            found = self.workspaces.resolve(session_id)
-            log.info("workspace.assigned session=%s workspace=%s", session_id, found)
-        if len(self._workspaces) < 100_000:
-            self._workspaces[session_id] = found
-        return found
+        return await self.placement.recorded_workspace(tape)
 
     async def move_session(self, old: str, new: str, workspace: Path | None = None) -> None:
         """From now on, messages for session `new` continue the tape of `old` (a Telegram
-        group that became a supergroup has a new chat id but is the same conversation).
-
-        Recorded on the tapes (an anchor on `new`'s tape, read by every process and after a
-        restart; an event on `old`'s for the record), so it survives restarts. Idempotent."""
-        old = await self._moved_to(old, workspace) or old
-        if old == new or await self._moved_to(new, workspace) == old:
-            return
-        ws = workspace or self.settings.workspace
-        await Tape.for_session(self.store, new, ws).append(
-            TapeEntry.anchor(MOVED_ANCHOR, {"to": old})
-        )
-        await Tape.for_session(self.store, old, ws).append(
-            TapeEntry.event("session.moved", {"from": new}, context=False)
-        )
-        self._moved[new] = old
-        log.info("session.moved session=%s from=%s", old, new)
-
-    async def _moved_to(self, session_id: str, workspace: Path | None) -> str | None:
-        """The session whose tape `session_id` continues, if it was moved (cached)."""
-        if session_id in self._moved:
-            return self._moved[session_id]
-        tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
-        found = await tape.query(kinds=["anchor"], names=[MOVED_ANCHOR], limit=1)
-        target = found[0].payload.get("state", {}).get("to") if found else None
-        moved = target if isinstance(target, str) and target else None
-        if moved is not None or len(self._moved) < 100_000:
-            self._moved[session_id] = moved
-        return moved
+        group that became a supergroup has a new chat id but is the same conversation);
+        recorded on the tapes, so it survives restarts and holds on every replica."""
+        await self.placement.move(old, new, workspace)
 
     async def _claim(self, session: Session) -> None:
         """Wake the session after something was stored for it. With shared leases, return
@@ -324,7 +260,7 @@ class Runtime:
             while not self._closing:
                 session.dirty = False
                 if session.needs_workspace:
-                    session.workspace = await self._recorded_workspace(session.tape)
+                    session.workspace = await self.placement.recorded_workspace(session.tape)
                     session.needs_workspace = False
                 if session.cursor is None:
                     session.cursor = await self._read_cursor(session.tape)
@@ -357,7 +293,7 @@ class Runtime:
                         async with self._slots:
                             await self.commands.run(session, pending[0])
                     else:
-                        await self._run_turn(session, pending, items)  # takes a slot itself
+                        await self.turns.run(session, pending, items)  # takes a slot itself
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -489,12 +425,6 @@ class Runtime:
         done = await tape.query(kinds=["event"], names=[DONE], newest_first=True, limit=1)
         return int(done[0].payload["data"]["through"]) if done else 0
 
-    async def _mark_done(self, session: Session, through: int, **data: Any) -> None:
-        await session.tape.append(
-            TapeEntry.event(DONE, {"through": through, **data}, context=False)
-        )
-        session.cursor = through
-
     async def _deliver_pending_reply(self, session: Session, items: list[TapeEntry]) -> bool:
         """Finish delivering an answer that was computed but not fully sent (after a crash,
         or the /reset reply written with the reset)."""
@@ -508,7 +438,7 @@ class Runtime:
         if source is None and "reply_target" in reply.meta:
             source = reply  # a reply that carries its own target (the /reset reply)
         if source is None:
-            await self._mark_done(session, through, reply=reply.id)  # closes it: no loop
+            await self.delivery.mark_done(session, through, reply=reply.id)  # closes it: no loop
             return True
         log.info("reply.pending session=%s entry=%d", session.id, reply.id)
         try:
@@ -517,7 +447,7 @@ class Runtime:
             raise
         except Exception:
             log.exception("reply.resume_failed session=%s entry=%d", session.id, reply.id)
-            await self._mark_done(session, through, reply=reply.id, failed=True)
+            await self.delivery.mark_done(session, through, reply=reply.id, failed=True)
         return True
 
     async def _give_up(self, session: Session, pending: list[TapeEntry], exc: Exception) -> None:
@@ -547,167 +477,7 @@ class Runtime:
         except Exception:
             # Even the note could not go out (e.g. the channel cannot format it): still done.
             log.exception("reply.failed session=%s entry=%d", session.id, written[-1].id)
-            await self._mark_done(session, through, reply=written[-1].id, failed=True)
-
-    async def _run_turn(
-        self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]
-    ) -> None:
-        head = pending[0]
-        # A command that `receive` saw arrive after `pending` was read (e.g. while this turn
-        # waited for a slot) still holds back what comes after it; one already handled does not.
-        queued = session.barrier
-        if queued is not None and queued <= (session.cursor or 0):
-            queued = None
-        session.barrier = None
-        messages = []
-        for entry in pending:
-            if entry.kind == "event":
-                session.barrier = entry.id
-                break
-            messages.append(entry)
-        if session.barrier is None:
-            session.barrier = queued
-        turn_id = uuid.uuid4().hex[:12]
-        channel_name = messages[-1].meta.get("channel", "")
-        channel = self.channels.get(channel_name)
-        target = messages[-1].meta.get("reply_target") or {}
-        log.info(
-            "turn.start session=%s channel=%s turn=%s messages=%d",
-            session.id,
-            channel_name,
-            turn_id,
-            len(messages),
-        )
-
-        def hold_back(entries: list[TapeEntry]) -> list[TapeEntry]:
-            barrier = session.barrier
-            if barrier is None:
-                return entries
-            # Copies made after an anchor are held back by the id of their original.
-            return [
-                e
-                for e in entries
-                if not (
-                    (e.meta.get("inbound") or "copy_of" in e.meta)
-                    and e.meta.get("copy_of", e.id) > barrier
-                )
-            ]
-
-        await self._carry_into_phase(session, messages, items)
-
-        # The reply is shown while it is written when the channel streams (streaming.py).
-        shown = TurnStream(
-            open_stream(channel, target, self.settings, items),
-            tape=session.tape,
-            turn_id=turn_id,
-            channel=channel_name,
-            settings=self.settings,
-            emit=self._emit,
-        )
-        working = channel.working(target) if channel is not None else contextlib.nullcontext()
-        # The indicator stays on until the answer is delivered, not just computed. The turn
-        # slot is held while the model works, not while the platform paces the delivery (a
-        # busy group's 20 messages a minute must not keep private chats waiting for a slot).
-        async with _safe(working, session.id):
-            async with self._slots, shown:
-                progress = shown.progress if shown.live else None
-                reply, seen = await self._turn(
-                    session, turn_id, head, hold_back, channel_name, progress
-                )
-            # Re-read what is pending now: messages that reached the model mid-turn are covered.
-            items = await session.tape.query(
-                after_id=session.cursor or 0, kinds=["message", "event"]
-            )
-            if reply is None:
-                through = covered([e for e in items if is_pending(e)], TapeEntry.system(""))
-                await self._mark_done(session, through)
-                return
-            pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
-            through = covered(pending_now, reply, seen)
-            source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
-            await self.delivery.finish(
-                session,
-                source,
-                reply,
-                through,
-                fresh=True,
-                stream=shown.stream,
-                on_sent=shown.visible,
-                adopt=False,
-                turn=turn_id,
-            )
-        session.barrier = None
-
-    async def _turn(
-        self,
-        session: Session,
-        turn_id: str,
-        head: TapeEntry,
-        hold_back: Callable[[list[TapeEntry]], list[TapeEntry]],
-        channel_name: str,
-        progress: Callable[[Progress], None] | None = None,
-    ) -> tuple[TapeEntry | None, int | None]:
-        """Run the agent; returns the reply entry and the newest entry id the model saw.
-
-        A failure of any kind becomes a short note to the user and an `error` entry."""
-        started = time.perf_counter()
-        try:
-            result = await self.agent.run_turn(
-                session.tape,
-                workspace=session.workspace,
-                entry_filter=hold_back,
-                turn_id=turn_id,
-                turn_start=head.id - 1,
-                progress=progress,
-            )
-        except Exception as exc:
-            log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
-            written = await session.tape.append_many(
-                [
-                    TapeEntry.error("turn", f"{type(exc).__name__}: {exc}"),
-                    TapeEntry.event(
-                        "turn.notice", {"status": "error", "text": FAILED_NOTE}, context=False
-                    ),
-                ]
-            )
-            self._emit("turn", channel=channel_name, outcome="error")
-            return written[-1], None
-        outcome = "auto_handoff" if result.auto_handoff and result.status == "ok" else result.status
-        self._emit("turn", channel=channel_name, outcome=outcome)
-        log.info(
-            "turn.end session=%s turn=%s status=%s steps=%d elapsed_ms=%.0f",
-            session.id,
-            turn_id,
-            result.status,
-            result.steps,
-            (time.perf_counter() - started) * 1000,
-        )
-        reply = result.entry
-        if reply is None and result.reply_entry:
-            reply = await self.store.get(session.tape.name, result.reply_entry)
-        # Messages that arrived while the last model call was in flight are older than the
-        # reply but were never seen: they start the next turn.
-        return reply, max(result.seen_through, head.id)
-
-    async def _carry_into_phase(
-        self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
-    ) -> None:
-        """Copy this turn's messages that sit before the last anchor (they queued behind a
-        `/handoff`) to after it, so the model sees them; once, also across a restart."""
-        first = messages[0].id
-        if not any(
-            e.kind == "event" and e.payload.get("name") == "handoff" and e.id > first for e in items
-        ):
-            return  # no handoff since these messages arrived (the usual case: no extra read)
-        anchor = (await self.store.stats(session.tape.name)).last_anchor_id
-        behind = [e for e in messages if e.id < anchor]
-        if not behind:
-            return
-        after = await session.tape.query(after_id=anchor, kinds=["message"], names=["user"])
-        present = {e.meta.get("copy_of") for e in after}
-        copies = [e.copy_after_anchor() for e in behind if e.id not in present]
-        if copies:
-            await session.tape.append_many(copies)
+            await self.delivery.mark_done(session, through, reply=written[-1].id, failed=True)
 
     def _expired(self, entry: TapeEntry) -> bool:
         """A message expires when it is older than the resume window and was either stored
@@ -730,7 +500,7 @@ class Runtime:
             )
         )
         await self.delivery.send(session, last, text, note.id)
-        await self._mark_done(session, last.id, expired=True)
+        await self.delivery.mark_done(session, last.id, expired=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def resume(self, sessions: set[str] | None = None) -> int:
@@ -759,7 +529,7 @@ class Runtime:
                 continue
             session = self._sessions.get(summary.session_id)
             if session is None:
-                workspace = await self._recorded_workspace(tape)
+                workspace = await self.placement.recorded_workspace(tape)
                 # Checked again: the session may have come alive while we were reading.
                 session = self._sessions.get(summary.session_id)
                 if session is None:
@@ -773,12 +543,6 @@ class Runtime:
         if woken:
             log.info("resume sessions=%d", woken)
         return woken
-
-    async def _recorded_workspace(self, tape: Tape) -> Path:
-        """The workspace the session's `session/start` anchor recorded (else BUB_WORKSPACE)."""
-        anchors = await tape.query(kinds=["anchor"], names=[BOOTSTRAP_ANCHOR], limit=1)
-        recorded = anchors[0].payload.get("state", {}).get("workspace") if anchors else None
-        return Path(recorded) if isinstance(recorded, str) and recorded else self.settings.workspace
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""
@@ -796,22 +560,3 @@ class Runtime:
                     "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
                 )
         await self.lease_keeper.close()
-
-
-@contextlib.asynccontextmanager
-async def _safe(indicator: contextlib.AbstractAsyncContextManager[None], session_id: str):
-    """Run a working-indicator without letting its failures touch the turn."""
-    entered = False
-    try:
-        await indicator.__aenter__()
-        entered = True
-    except Exception as exc:
-        log.warning("indicator.failed session=%s: %s", session_id, exc)
-    try:
-        yield
-    finally:
-        if entered:
-            try:
-                await indicator.__aexit__(None, None, None)
-            except Exception as exc:
-                log.warning("indicator.failed session=%s: %s", session_id, exc)

@@ -204,3 +204,10 @@ class Delivery:
             log.warning("stream.end_failed session=%s: %s", session.id, exc)
             return []
         return [closed_event(reply_id, removed)] if removed else []
+
+    async def mark_done(self, session: Session, through: int, **data: Any) -> None:
+        """Mark the inbound entries up to `through` as handled (no reply to deliver)."""
+        await session.tape.append(
+            TapeEntry.event(DONE, {"through": through, **data}, context=False)
+        )
+        session.cursor = through

@@ -1,0 +1,106 @@
+"""Where a conversation's tape lives: its workspace (BUB_WORKSPACE_MAP, decided once when the
+session starts and recorded on its `session/start` anchor) and whether its session id was moved
+to continue another session's tape (a Telegram group that became a supergroup)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..config import Settings
+from ..tape import BOOTSTRAP_ANCHOR, Tape, TapeEntry, TapeStore
+from ..workspaces import load_workspace_map
+
+log = logging.getLogger("bub_bot.runtime")
+
+MOVED_ANCHOR = "session/moved"
+
+
+class Placement:
+    """Decides and remembers, per session id, the workspace and the tape it continues."""
+
+    def __init__(self, settings: Settings, store: TapeStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.workspaces = load_workspace_map(settings.workspace_map, settings.workspace)
+        self._workspaces: dict[str, Path] = {}
+        """Workspaces decided for sessions seen by this process (BUB_WORKSPACE_MAP)."""
+        self._moved: dict[str, str | None] = {}
+        """Session ids that continue another session's tape (`move`); None: not."""
+
+    async def session_tape(self, session_id: str, workspace: Path | None = None) -> Tape:
+        """The tape `receive` stores this session's messages on. Only looks: a session not
+        seen yet gets no workspace decided or directory created."""
+        workspace = await self.workspace_for(session_id, workspace, assign=False)
+        moved = await self.moved_to(session_id, workspace)
+        if moved is not None:
+            session_id, workspace = moved, await self.workspace_for(moved, None, assign=False)
+        return Tape.for_session(self.store, session_id, workspace)
+
+    async def workspace_for(
+        self, session_id: str, given: Path | None, *, assign: bool = True
+    ) -> Path:
+        """The session's workspace: the channel's choice, else the one it started in (a
+        changed BUB_WORKSPACE_MAP applies to new sessions only), else the map's rule.
+        `assign=False`: a new session's would-be workspace, neither created nor remembered."""
+        if given is not None:
+            return given
+        if not self.workspaces.rules:
+            return self.settings.workspace
+        known = self._workspaces.get(session_id)
+        if known is not None:
+            return known
+        rule = self.workspaces.rule_for(session_id)
+        planned = rule.directory(session_id) if rule is not None else self.settings.workspace
+        found: Path | None = None
+        names = await self.store.session_tapes(session_id)
+        if names:
+            if Tape.for_session(self.store, session_id, planned).name in names:
+                found = planned
+            else:  # started before the map changed: it stays where it started
+                found = await self.recorded_workspace(Tape(self.store, names[-1], session_id))
+        if found is None:
+            if not assign:
+                return planned
+            found = self.workspaces.resolve(session_id)
+            log.info("workspace.assigned session=%s workspace=%s", session_id, found)
+        if len(self._workspaces) < 100_000:
+            self._workspaces[session_id] = found
+        return found
+
+    async def move(self, old: str, new: str, workspace: Path | None = None) -> None:
+        """From now on, messages for session `new` continue the tape of `old` (a Telegram
+        group that became a supergroup has a new chat id but is the same conversation).
+
+        Recorded on the tapes (an anchor on `new`'s tape, read by every process and after a
+        restart; an event on `old`'s for the record), so it survives restarts. Idempotent."""
+        old = await self.moved_to(old, workspace) or old
+        if old == new or await self.moved_to(new, workspace) == old:
+            return
+        ws = workspace or self.settings.workspace
+        await Tape.for_session(self.store, new, ws).append(
+            TapeEntry.anchor(MOVED_ANCHOR, {"to": old})
+        )
+        await Tape.for_session(self.store, old, ws).append(
+            TapeEntry.event("session.moved", {"from": new}, context=False)
+        )
+        self._moved[new] = old
+        log.info("session.moved session=%s from=%s", old, new)
+
+    async def moved_to(self, session_id: str, workspace: Path | None) -> str | None:
+        """The session whose tape `session_id` continues, if it was moved (cached)."""
+        if session_id in self._moved:
+            return self._moved[session_id]
+        tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
+        found = await tape.query(kinds=["anchor"], names=[MOVED_ANCHOR], limit=1)
+        target = found[0].payload.get("state", {}).get("to") if found else None
+        moved = target if isinstance(target, str) and target else None
+        if moved is not None or len(self._moved) < 100_000:
+            self._moved[session_id] = moved
+        return moved
+
+    async def recorded_workspace(self, tape: Tape) -> Path:
+        """The workspace the session's `session/start` anchor recorded (else BUB_WORKSPACE)."""
+        anchors = await tape.query(kinds=["anchor"], names=[BOOTSTRAP_ANCHOR], limit=1)
+        recorded = anchors[0].payload.get("state", {}).get("workspace") if anchors else None
+        return Path(recorded) if isinstance(recorded, str) and recorded else self.settings.workspace

@@ -1,0 +1,225 @@
+"""Running one turn of a session: the messages before the first queued command go to the agent,
+the answer is shown while it is written where the channel streams, and it is delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from channels.base import Channel
+
+from ..agent import Agent, Progress
+from ..config import Settings
+from ..tape import TapeEntry, TapeStore
+from .delivery import Delivery
+from .facts import covered, is_pending
+from .session import Session
+from .streaming import TurnStream, open_stream
+
+log = logging.getLogger("bub_bot.runtime")
+
+FAILED_NOTE = "Sorry, something went wrong while answering. Please try again."
+
+
+class TurnRunner:
+    """Runs a session's turns with the agent and hands the answers to delivery."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: TapeStore,
+        agent: Agent,
+        channels: dict[str, Channel],
+        delivery: Delivery,
+        slots: asyncio.Semaphore,
+        emit: Callable[..., None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.agent = agent
+        self.channels = channels
+        self.delivery = delivery
+        self.slots = slots
+        """Turns running at once (BUB_MAX_CONCURRENT_TURNS): held while the model works."""
+        self._emit = emit
+
+    async def run(self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]) -> None:
+        head = pending[0]
+        # A command that `receive` saw arrive after `pending` was read (e.g. while this turn
+        # waited for a slot) still holds back what comes after it; one already handled does not.
+        queued = session.barrier
+        if queued is not None and queued <= (session.cursor or 0):
+            queued = None
+        session.barrier = None
+        messages = []
+        for entry in pending:
+            if entry.kind == "event":
+                session.barrier = entry.id
+                break
+            messages.append(entry)
+        if session.barrier is None:
+            session.barrier = queued
+        turn_id = uuid.uuid4().hex[:12]
+        channel_name = messages[-1].meta.get("channel", "")
+        channel = self.channels.get(channel_name)
+        target = messages[-1].meta.get("reply_target") or {}
+        log.info(
+            "turn.start session=%s channel=%s turn=%s messages=%d",
+            session.id,
+            channel_name,
+            turn_id,
+            len(messages),
+        )
+
+        def hold_back(entries: list[TapeEntry]) -> list[TapeEntry]:
+            barrier = session.barrier
+            if barrier is None:
+                return entries
+            # Copies made after an anchor are held back by the id of their original.
+            return [
+                e
+                for e in entries
+                if not (
+                    (e.meta.get("inbound") or "copy_of" in e.meta)
+                    and e.meta.get("copy_of", e.id) > barrier
+                )
+            ]
+
+        await self._carry_into_phase(session, messages, items)
+
+        # The reply is shown while it is written when the channel streams (streaming.py).
+        shown = TurnStream(
+            open_stream(channel, target, self.settings, items),
+            tape=session.tape,
+            turn_id=turn_id,
+            channel=channel_name,
+            settings=self.settings,
+            emit=self._emit,
+        )
+        working = channel.working(target) if channel is not None else contextlib.nullcontext()
+        # The indicator stays on until the answer is delivered, not just computed. The turn
+        # slot is held while the model works, not while the platform paces the delivery (a
+        # busy group's 20 messages a minute must not keep private chats waiting for a slot).
+        async with _safe(working, session.id):
+            async with self.slots, shown:
+                progress = shown.progress if shown.live else None
+                reply, seen = await self._agent_turn(
+                    session, turn_id, head, hold_back, channel_name, progress
+                )
+            # Re-read what is pending now: messages that reached the model mid-turn are covered.
+            items = await session.tape.query(
+                after_id=session.cursor or 0, kinds=["message", "event"]
+            )
+            if reply is None:
+                through = covered([e for e in items if is_pending(e)], TapeEntry.system(""))
+                await self.delivery.mark_done(session, through)
+                return
+            pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
+            through = covered(pending_now, reply, seen)
+            source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
+            await self.delivery.finish(
+                session,
+                source,
+                reply,
+                through,
+                fresh=True,
+                stream=shown.stream,
+                on_sent=shown.visible,
+                adopt=False,
+                turn=turn_id,
+            )
+        session.barrier = None
+
+    async def _agent_turn(
+        self,
+        session: Session,
+        turn_id: str,
+        head: TapeEntry,
+        hold_back: Callable[[list[TapeEntry]], list[TapeEntry]],
+        channel_name: str,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> tuple[TapeEntry | None, int | None]:
+        """Run the agent; returns the reply entry and the newest entry id the model saw.
+
+        A failure of any kind becomes a short note to the user and an `error` entry."""
+        started = time.perf_counter()
+        try:
+            result = await self.agent.run_turn(
+                session.tape,
+                workspace=session.workspace,
+                entry_filter=hold_back,
+                turn_id=turn_id,
+                turn_start=head.id - 1,
+                progress=progress,
+            )
+        except Exception as exc:
+            log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
+            written = await session.tape.append_many(
+                [
+                    TapeEntry.error("turn", f"{type(exc).__name__}: {exc}"),
+                    TapeEntry.event(
+                        "turn.notice", {"status": "error", "text": FAILED_NOTE}, context=False
+                    ),
+                ]
+            )
+            self._emit("turn", channel=channel_name, outcome="error")
+            return written[-1], None
+        outcome = "auto_handoff" if result.auto_handoff and result.status == "ok" else result.status
+        self._emit("turn", channel=channel_name, outcome=outcome)
+        log.info(
+            "turn.end session=%s turn=%s status=%s steps=%d elapsed_ms=%.0f",
+            session.id,
+            turn_id,
+            result.status,
+            result.steps,
+            (time.perf_counter() - started) * 1000,
+        )
+        reply = result.entry
+        if reply is None and result.reply_entry:
+            reply = await self.store.get(session.tape.name, result.reply_entry)
+        # Messages that arrived while the last model call was in flight are older than the
+        # reply but were never seen: they start the next turn.
+        return reply, max(result.seen_through, head.id)
+
+    async def _carry_into_phase(
+        self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
+    ) -> None:
+        """Copy this turn's messages that sit before the last anchor (they queued behind a
+        `/handoff`) to after it, so the model sees them; once, also across a restart."""
+        first = messages[0].id
+        if not any(
+            e.kind == "event" and e.payload.get("name") == "handoff" and e.id > first for e in items
+        ):
+            return  # no handoff since these messages arrived (the usual case: no extra read)
+        anchor = (await self.store.stats(session.tape.name)).last_anchor_id
+        behind = [e for e in messages if e.id < anchor]
+        if not behind:
+            return
+        after = await session.tape.query(after_id=anchor, kinds=["message"], names=["user"])
+        present = {e.meta.get("copy_of") for e in after}
+        copies = [e.copy_after_anchor() for e in behind if e.id not in present]
+        if copies:
+            await session.tape.append_many(copies)
+
+
+@contextlib.asynccontextmanager
+async def _safe(indicator: contextlib.AbstractAsyncContextManager[None], session_id: str):
+    """Run a working-indicator without letting its failures touch the turn."""
+    entered = False
+    try:
+        await indicator.__aenter__()
+        entered = True
+    except Exception as exc:
+        log.warning("indicator.failed session=%s: %s", session_id, exc)
+    try:
+        yield
+    finally:
+        if entered:
+            try:
+                await indicator.__aexit__(None, None, None)
+            except Exception as exc:
+                log.warning("indicator.failed session=%s: %s", session_id, exc)
