@@ -336,3 +336,13 @@ def _print_run(
         f"  machine          {r['machine'] * 100:.0f}% busy over {os.cpu_count()} cores"
         " (everything running on it, other work included)"
     )
+    # What bounds the rate: all the CPU a message costs here against the machine's cores,
+    # and the replicas' own event loops (one core each at most).
+    cost = (r["serve_cpu"] + r["pg_cpu"] + r["bench_cpu"] + r["model_cpu"]) / total
+    cores = os.cpu_count() or 1
+    print(
+        f"  bounds           {cores / cost:.0f} msg/s if this machine's {cores} cores did"
+        f" nothing else ({cost * 1000:.1f} ms of CPU per message, everything included);"
+        f" {r['replicas'] / (r['serve_cpu'] / total):.0f} msg/s for"
+        f" {r['replicas']:.0f} replica event loop(s) on cores of their own"
+    )

@@ -245,13 +245,11 @@ async def main() -> None:
         from replicas import run_replicas
 
         counts = [int(c) for c in args.replicas.split(",")]
-        conversations = 200 if "--conversations" not in sys.argv else args.conversations
+        talks = 200 if "--conversations" not in sys.argv else args.conversations
         async with ModelServer(args.latency, args.in_process_model) as model:
             print(f"fake model: {args.latency * 1000:.0f} ms per request, in a child process")
             pid = None if model.proc is None else model.proc.pid
-            await run_replicas(
-                counts, conversations, args.messages, args.latency, model.base_url, pid
-            )
+            await run_replicas(counts, talks, args.messages, args.latency, model.base_url, pid)
         return
     n, m, latency = args.conversations, args.messages, args.latency
 
