@@ -209,7 +209,8 @@ async def run_replicas(
 
     from tests.pg import PostgresCluster
 
-    cluster = PostgresCluster(durable=True).start()
+    # BENCH_PG_FAST=1: fsync and synchronous commit off (what the tests use), for comparison.
+    cluster = PostgresCluster(durable=not os.environ.get("BENCH_PG_FAST")).start()
     assert cluster.proc is not None
     results: list[dict[str, float]] = []
     try:

@@ -23,8 +23,9 @@ replicas on one PostgreSQL database (a throwaway server, fsync on), Telegram web
 against the fake Bot API, each conversation's messages posted to the replicas in turn (as a
 round-robin load balancer would). Printed per count: wall time vs ideal, messages/s and the
 speedup over one replica, and the CPU seconds used by the replicas, by the PostgreSQL server
-(all its processes, from /proc) and by this process (fake Bot API and load). Defaults there:
-200 conversations x 5 messages. See bench/replicas.py.
+(all its processes, from /proc) and by this process (fake Bot API and load), and what bounds
+the rate. Defaults there: 400 conversations x 5 messages, enough to keep one replica's event
+loop busy; BENCH_PG_FAST=1 turns the database's fsync off. See bench/replicas.py.
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ async def main() -> None:
         from replicas import run_replicas
 
         counts = [int(c) for c in args.replicas.split(",")]
-        talks = 200 if "--conversations" not in sys.argv else args.conversations
+        talks = 400 if "--conversations" not in sys.argv else args.conversations
         async with ModelServer(args.latency, args.in_process_model) as model:
             print(f"fake model: {args.latency * 1000:.0f} ms per request, in a child process")
             pid = None if model.proc is None else model.proc.pid
