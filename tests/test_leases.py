@@ -351,11 +351,14 @@ async def test_a_lapsed_session_of_a_channel_not_run_here_is_left_alone(
         await conn.execute(
             "INSERT INTO bub_leases VALUES ($1, 'cli:local', 'dead-cli', '-infinity')", tape.name
         )
+    left = {tape.name: ("cli:local", "", True)}  # looked at, left lapsed for its owner kind
     for _ in range(40):
-        if not await rows(pg_store):
+        if await rows(pg_store) == left:
             break
         await asyncio.sleep(0.1)
-    assert await rows(pg_store) == {}  # looked at, released, not run
+    assert await rows(pg_store) == left
+    await asyncio.sleep(1.0)  # two more sweeps: not taken again, not run
+    assert await rows(pg_store) == left
     assert fake_openai.completion_requests() == []
 
 
@@ -392,3 +395,47 @@ async def test_a_lease_that_cannot_be_taken_fails_the_receive_and_the_retry_answ
     assert fake_openai.completion_requests() == []
     assert (await ch.say("hello?", key="k1")).duplicate
     assert await ch.wait_sent("a", 1) == ["echo: hello?"]
+
+
+async def test_a_replica_without_the_channel_leaves_a_lapsed_lease_for_one_with_it(
+    pg_url, settings, fake_openai
+) -> None:
+    """Found in review: a replica that does not run a session's channel adopted the dead
+    owner's lapsed lease and deleted it, so the replica that runs the channel never saw it."""
+    made = []
+
+    async def replica(owner: str, channel_name: str, lease: float):
+        conf = settings(lease_seconds=lease)
+        store = await open_store(pg_url)
+        agent = Agent(conf, ModelClient(conf), default_registry())
+        channel = RuntimeChannel(channel_name)
+        runtime = Runtime(conf, store, agent, {channel.name: channel}, store.leases(owner, lease))
+        channel.runtime = runtime
+        made.append((runtime, store, agent))
+        await runtime.start()
+        return runtime, channel
+
+    try:
+        x, channel_x = await replica("X", "test", 6)  # sweeps every 2 s
+        await replica("Y", "other", 1.5)  # sweeps every 0.5 s: it finds the lease first
+        # A replica running "test" died mid-turn: the message is stored, its lease left.
+        tape = Tape.for_session(x.store, "test:a", x.settings.workspace)
+        await x.store.append_many(
+            tape.name,
+            [user_entry(channel_x, "hello from before the crash", "a", "k1")],
+            dedupe_keys=["test:k1"],
+            bootstrap=Tape.bootstrap_anchor(x.settings.workspace),
+            session_id="test:a",
+        )
+        async with x.store.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO bub_leases VALUES ($1, 'test:a', 'dead', now() + interval '0.2 s')",
+                tape.name,
+            )
+        await channel_x.wait_sent("a", 1, timeout=15)
+        assert channel_x.texts("a") == ["echo: hello from before the crash"]
+    finally:
+        for runtime, store, agent in made:
+            await runtime.shutdown(grace=2)
+            await agent.model.close()
+            await store.close()

@@ -59,6 +59,8 @@ class Runtime:
         self.last_inbound: dict[str, float] = {}
         self._started_at = datetime.now(UTC).isoformat(timespec="microseconds")
         self.placement = Placement(settings, store)
+        self._not_here: set[str] = set()
+        """Sessions adopted by their lease whose channel this process does not run."""
         self.delivery = Delivery(self.channels, self._emit, settings)
         self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
         self.turns = TurnRunner(
@@ -268,10 +270,13 @@ class Runtime:
                     after_id=session.cursor, kinds=["message", "event"]
                 )
                 if session.adopted and not self._serves(items):
-                    # Left for the process that runs its channel (its next start resumes it).
+                    # Left lapsed for a replica that runs its channel (its sweep takes it);
+                    # this process never adopts it again (its channels do not change).
                     log.info("lease.skipped session=%s: its channel does not run here", session.id)
                     session.leased = False
-                    await self.lease_keeper.give_back(key)
+                    if len(self._not_here) < 100_000:
+                        self._not_here.add(session.id)
+                    await self.lease_keeper.give_back(key, lapse=True)
                     session.dirty = False
                     break
                 session.adopted = None
@@ -396,7 +401,7 @@ class Runtime:
     def _adopt(self, key: LeaseKey, how: str = "handover") -> None:
         """Wake a session known only by its lease: `how` is "handover" (another replica
         handed it over) or "takeover" (its lease lapsed: the replica died)."""
-        if self._closing:
+        if self._closing or key.session_id in self._not_here:
             return
         session = self._sessions.get(key.session_id)
         if session is None:

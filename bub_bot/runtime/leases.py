@@ -104,10 +104,13 @@ class LeaseKeeper:
             self._renewer = self._spawn(self._renew_loop(), "lease-renewal")
         return True
 
-    async def give_back(self, key: LeaseKey, *, handover: bool = False) -> None:
-        """Release the lease (`handover`: the others take it at once)."""
+    async def give_back(
+        self, key: LeaseKey, *, handover: bool = False, lapse: bool = False
+    ) -> None:
+        """Release the lease (`handover`: the others take it at once; `lapse`: it stays
+        lapsed for another process's sweep)."""
         self._held.pop(key.tape, None)
-        await self.leases.release(key, handover=handover)
+        await self.leases.release(key, handover=handover, lapse=lapse)
 
     async def hand_over(self, key: LeaseKey) -> None:
         """Tell the others to look at a session whose lease we do not hold (a message stored

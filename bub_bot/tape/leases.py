@@ -53,9 +53,11 @@ class Leases(Protocol):
     async def renew(self, keys: Iterable[LeaseKey]) -> set[str]:
         """Extend these leases (one statement); returns the names no longer ours."""
 
-    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+    async def release(self, key: LeaseKey, *, handover: bool = False, lapse: bool = False) -> None:
         """Give the lease up. `handover`: leave it lapsed at once and tell the other
-        processes (they take it now; if the notice is lost, their sweep finds it)."""
+        processes (they take it now; if the notice is lost, their sweep finds it). `lapse`:
+        leave it lapsed without a notice, for the sweep of a process that can do the work
+        (this one runs no channel for it)."""
 
     async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
         """Session leases whose owner stopped renewing (a dead replica's sessions), oldest
@@ -84,7 +86,7 @@ class LocalLeases:
     async def renew(self, keys: Iterable[LeaseKey]) -> set[str]:
         return set()
 
-    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+    async def release(self, key: LeaseKey, *, handover: bool = False, lapse: bool = False) -> None:
         return None
 
     async def lapsed(self, limit: int = 100) -> list[LeaseKey]:

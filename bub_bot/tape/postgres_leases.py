@@ -125,7 +125,16 @@ class PostgresLeases:
             rows = await conn.fetch(_RENEW, names, self.owner, self.seconds)
         return set(names) - {row["key"] for row in rows}
 
-    async def release(self, key: LeaseKey, *, handover: bool = False) -> None:
+    async def release(self, key: LeaseKey, *, handover: bool = False, lapse: bool = False) -> None:
+        if lapse and not handover:
+            async with self.pool.acquire() as conn:
+                await conn.execute(
+                    "UPDATE bub_leases SET owner = '', expires = '-infinity'"
+                    " WHERE key = $1 AND owner = $2",
+                    key.tape,
+                    self.owner,
+                )
+            return
         if not handover:
             async with self.pool.acquire() as conn:
                 await conn.execute(
