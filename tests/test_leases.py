@@ -351,7 +351,7 @@ async def test_a_lapsed_session_of_a_channel_not_run_here_is_left_alone(
         await conn.execute(
             "INSERT INTO bub_leases VALUES ($1, 'cli:local', 'dead-cli', '-infinity')", tape.name
         )
-    left = {tape.name: ("cli:local", "", True)}  # looked at, left lapsed for its owner kind
+    left = {tape.name: ("cli:local", "dead-cli", True)}  # not this replica's channel: left
     for _ in range(40):
         if await rows(pg_store) == left:
             break
@@ -439,3 +439,23 @@ async def test_a_replica_without_the_channel_leaves_a_lapsed_lease_for_one_with_
             await runtime.shutdown(grace=2)
             await agent.model.close()
             await store.close()
+
+
+async def test_the_sweep_lists_only_sessions_of_the_channels_run_here(pg_store, leases) -> None:
+    """Leases left lapsed for replicas that run other channels sort first (they lapsed at
+    -infinity): however many there are, they never hide the ones this replica can take."""
+    sweeper = leases("sweeper")
+    async with pg_store.pool.acquire() as conn:
+        for n in range(3):
+            await conn.execute(
+                "INSERT INTO bub_leases VALUES ($1, $2, '', '-infinity')", f"cli-{n}", f"cli:{n}"
+            )
+        await conn.execute(
+            "INSERT INTO bub_leases VALUES ('tape-t', 'test:a', 'dead', now() - interval '1 s')"
+        )
+    assert await sweeper.lapsed(limit=2) == [
+        LeaseKey("cli-0", "cli:0"),
+        LeaseKey("cli-1", "cli:1"),
+    ]
+    assert await sweeper.lapsed(limit=2, channels=["test"]) == [LeaseKey("tape-t", "test:a")]
+    assert await sweeper.lapsed(channels=["web", "slack"]) == []

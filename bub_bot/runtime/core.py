@@ -423,7 +423,9 @@ class Runtime:
         then resume every session with unfinished work."""
         if self.leases.shared:
             await self.lease_keeper.listen(self._adopt)
-            self.lease_keeper.start(lambda key: self._adopt(key, "takeover"))
+            self.lease_keeper.start(
+                lambda key: self._adopt(key, "takeover"), channels=lambda: list(self.channels)
+            )
         await self.resume()
 
     async def _read_cursor(self, tape: Tape) -> int:

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,7 @@ class LeaseKeeper:
         self._tasks: list[asyncio.Task[None]] = []
         self._renewer: asyncio.Task[None] | None = None
         self._job_notices: dict[str, asyncio.Event] = {}
+        self._channels: Callable[[], Sequence[str]] | None = None
 
     @property
     def shared(self) -> bool:
@@ -161,9 +162,14 @@ class LeaseKeeper:
             except Exception:
                 log.exception("lease.lost handler failed key=%s", held.key.tape)
 
-    def start(self, on_lapsed: Callable[[LeaseKey], None]) -> asyncio.Task[None]:
+    def start(
+        self,
+        on_lapsed: Callable[[LeaseKey], None],
+        channels: Callable[[], Sequence[str]] | None = None,
+    ) -> asyncio.Task[None]:
         """Sweep for lapsed session leases every third of the lease (`on_lapsed` for each
-        one not ours). Returns the sweeping task."""
+        one not ours; only sessions of `channels()` when given). Returns the sweeping task."""
+        self._channels = channels
         return self._spawn(self._sweep_loop(on_lapsed), "lease-sweep")
 
     async def _sweep_loop(self, on_lapsed: Callable[[LeaseKey], None]) -> None:
@@ -185,7 +191,8 @@ class LeaseKeeper:
 
     async def sweep(self, on_lapsed: Callable[[LeaseKey], None]) -> None:
         try:
-            found = await self.leases.lapsed()
+            channels = self._channels() if self._channels is not None else None
+            found = await self.leases.lapsed(channels=channels)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

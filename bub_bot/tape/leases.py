@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,9 +59,13 @@ class Leases(Protocol):
         leave it lapsed without a notice, for the sweep of a process that can do the work
         (this one runs no channel for it)."""
 
-    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+    async def lapsed(
+        self, limit: int = 100, channels: Sequence[str] | None = None
+    ) -> list[LeaseKey]:
         """Session leases whose owner stopped renewing (a dead replica's sessions), oldest
-        first. Job leases are never listed: their standbys retry on their own."""
+        first; with `channels`, only sessions of those channels (`<channel>:…` ids: a lease
+        left for a replica that runs another channel never hides the ones this one can take).
+        Job leases are never listed: their standbys retry on their own."""
 
     async def next_lapse(self) -> float | None:
         """Seconds until the next session lease of another owner lapses if not renewed
@@ -89,7 +93,9 @@ class LocalLeases:
     async def release(self, key: LeaseKey, *, handover: bool = False, lapse: bool = False) -> None:
         return None
 
-    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+    async def lapsed(
+        self, limit: int = 100, channels: Sequence[str] | None = None
+    ) -> list[LeaseKey]:
         return []
 
     async def next_lapse(self) -> float | None:

@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import asyncpg
@@ -68,6 +68,7 @@ SELECT pg_notify($4, $5) FROM handed
 _LAPSED = """
 SELECT key, session_id FROM bub_leases
 WHERE session_id IS NOT NULL AND expires < now()
+  AND ($2::text[] IS NULL OR split_part(session_id, ':', 1) = ANY($2::text[]))
 ORDER BY expires LIMIT $1
 """
 
@@ -148,9 +149,11 @@ class PostgresLeases:
                 _HANDOVER, key.tape, key.session_id or None, self.owner, channel, payload
             )
 
-    async def lapsed(self, limit: int = 100) -> list[LeaseKey]:
+    async def lapsed(
+        self, limit: int = 100, channels: Sequence[str] | None = None
+    ) -> list[LeaseKey]:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(_LAPSED, limit)
+            rows = await conn.fetch(_LAPSED, limit, None if channels is None else list(channels))
         return [LeaseKey(row["key"], row["session_id"]) for row in rows]
 
     async def next_lapse(self) -> float | None:
