@@ -7,7 +7,8 @@ chunk) and assembles what a non-streamed answer would have held: the text, the t
 
 What is reported while the text grows (`Progress`) has already passed the secret scrubber:
 a secret can be split across deltas, so the tail that could be the start of a secret is held
-back until the next delta shows it is not (`ScrubbedText`).
+back until the next delta shows it is not (`ScrubbedText`), and the final text is scrubbed
+whole, as a non-streamed answer is.
 """
 
 from __future__ import annotations
@@ -62,49 +63,81 @@ class StreamErrorEvent(Exception):
 class ScrubbedText:
     """The text of a stream as it grows, with configured secrets replaced.
 
-    Everything but a held-back tail is scrubbed and final: the tail is the longest end of the
-    text that is the beginning of a secret, so a secret split across deltas is still found
-    whole. `text` is what may be shown now; `finish()` releases the tail.
+    The scrubber goes through a text from left to right and at each position replaces the
+    longest secret that starts there. While the text grows, that choice is still open at a
+    position where the rest of the text so far is the beginning of a secret (the next delta
+    may complete it): the text from the first such position the scrubber would reach is held
+    back, everything before it is scrubbed and final. So what `text` shows is always the
+    beginning of the scrubbed whole, and it never ends in the beginning of a secret that could
+    still be completed. `finish()` scrubs the whole text at once, exactly as a non-streamed
+    answer is scrubbed.
     """
 
-    __slots__ = ("_firsts", "_longest", "_scrub", "_tail", "text")
+    __slots__ = ("_firsts", "_longest", "_parts", "_pattern", "_pending", "_scrub", "text")
 
     def __init__(self, scrub: Scrubber) -> None:
         self._scrub = scrub
-        self._tail = ""
+        self._parts: list[str] = []
+        self._pending = ""
+        """The raw text from the first position whose scrubbing is not decided yet."""
         self.text = ""
-        self._longest = max((len(s) for s in scrub.secrets), default=0)
+        self._longest = scrub.longest
         self._firsts = frozenset(s[0] for s in scrub.secrets)
+        # The scrubber's own pattern, built the same way (longest secret first): where its
+        # matches lie tells which positions its left-to-right pass reaches.
+        self._pattern = (
+            re.compile("|".join(re.escape(s) for s in scrub.secrets)) if scrub.secrets else None
+        )
+
+    @property
+    def held(self) -> int:
+        """How many characters of raw text wait for the next delta."""
+        return len(self._pending)
 
     def add(self, delta: str) -> bool:
         """Append a delta; True when `text` changed."""
-        if not self._scrub:
+        if not delta:
+            return False
+        self._parts.append(delta)
+        if self._pattern is None:
             self.text += delta
-            return bool(delta)
-        pending = self._tail + delta
-        keep = self._held(pending)
-        head = pending[: len(pending) - keep]
-        self._tail = pending[len(pending) - keep :]
-        if head:
-            self.text += self._scrub.text(head)
-        return bool(head)
+            return True
+        pending = self._pending + delta
+        cut = self._decided(pending)
+        self._pending = pending[cut:]
+        if cut:
+            self.text += self._scrub.text(pending[:cut])
+        return cut > 0
 
     def finish(self) -> str:
-        """The whole text (the held-back tail included)."""
-        if self._tail:
-            self.text += self._scrub.text(self._tail)
-            self._tail = ""
+        """The whole text, scrubbed as one (the held-back tail included)."""
+        whole = "".join(self._parts)
+        self._parts = [whole]
+        self._pending = ""
+        self.text = self._scrub.text(whole)
         return self.text
 
-    def _held(self, text: str) -> int:
-        """Length of the longest end of `text` that is a proper beginning of a secret."""
-        start = max(0, len(text) - self._longest + 1)
-        for i in range(start, len(text)):
-            if text[i] in self._firsts:
-                end = text[i:]
-                if any(len(s) > len(end) and s.startswith(end) for s in self._scrub.secrets):
-                    return len(text) - i
-        return 0
+    def _decided(self, text: str) -> int:
+        """How much of `text` (which starts where the scrubber's pass stands) is scrubbed
+        the same whatever follows: up to the first position the pass reaches where the rest
+        is a proper beginning of a secret."""
+        n = len(text)
+        waiting = [
+            q
+            for q in range(max(0, n - self._longest + 1), n)
+            if text[q] in self._firsts
+            and any(len(s) > n - q and s.startswith(text[q:]) for s in self._scrub.secrets)
+        ]
+        if not waiting:
+            return n
+        assert self._pattern is not None
+        # A position inside a secret found before it is never reached: the pass replaces
+        # that secret whole and goes on after it.
+        found = [(m.start(), m.end()) for m in self._pattern.finditer(text)]
+        for q in waiting:
+            if not any(start < q < end for start, end in found):
+                return q
+        return n
 
 
 @dataclass
@@ -139,7 +172,8 @@ class Assembler:
         self.shown = False
         """Something was reported (a fallback must then say `reset`)."""
         self._thinking = False
-        self._surrogates = False
+        self._high = ""
+        """A high surrogate half that waits for its low half in the next delta."""
 
     def add(self, chunk: Any) -> None:
         """One parsed `data:` payload; raises StreamBroken / StreamErrorEvent."""
@@ -167,15 +201,13 @@ class Assembler:
         if not isinstance(delta, dict):
             raise StreamBroken("a delta that is not an object")
         content = delta.get("content")
+        if isinstance(content, list):  # content parts, as some servers send them
+            content = "".join(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
         if isinstance(content, str) and content:
-            if not self._surrogates and _SURROGATE.search(content):
-                self._surrogates = True
-            if self.text.add(content) and not self.calls:
-                self._report(Progress("text", self._shown_text()))
-        elif isinstance(content, list):  # content parts, as some servers send them
-            parts = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if parts and self.text.add(parts) and not self.calls:
-                self._report(Progress("text", self._shown_text()))
+            if self.text.add(self._paired(content)) and not self.calls:
+                self._report(Progress("text", self.text.text))
         elif not self._thinking and not self.text.text and _reasoning(delta):
             self._thinking = True
             self._report(Progress("thinking"))
@@ -183,15 +215,16 @@ class Assembler:
         if calls:
             self._add_calls(calls)
 
-    def _shown_text(self) -> str:
-        text = self.text.text
-        if self._surrogates:
-            # Halves of a pair split across two JSON strings: join them; a trailing high
-            # half waits for its partner.
-            if "\ud800" <= text[-1:] <= "\udbff":
-                text = text[:-1]
-            text = _join_surrogates(text)
-        return text
+    def _paired(self, content: str) -> str:
+        """`content` with the halves of a surrogate pair split across two JSON strings joined
+        (a trailing high half waits for its partner), so the scrubber and the watcher see the
+        text a non-streamed answer would hold."""
+        if not self._high and not _SURROGATE.search(content):
+            return content
+        content, self._high = self._high + content, ""
+        if "\ud800" <= content[-1] <= "\udbff":
+            content, self._high = content[:-1], content[-1]
+        return _join_surrogates(content)
 
     def _add_calls(self, calls: Any) -> None:
         if not isinstance(calls, list):
@@ -237,9 +270,10 @@ class Assembler:
         """The completion's parts; raises StreamBroken when the stream never finished."""
         if self.finish_reason is None:
             raise StreamBroken(f"the stream ended after {self.chunks} chunks without a finish")
+        if self._high:
+            self.text.add(_join_surrogates(self._high))  # never got its partner
+            self._high = ""
         content = self.text.finish()
-        if self._surrogates:
-            content = _join_surrogates(content)
         calls = [
             {
                 "id": c.id or None,
