@@ -13,10 +13,10 @@ import random
 
 import pytest
 
-from bub_bot.agent import ModelClient
-from bub_bot.agent.streaming import ScrubbedText
+from bub_bot.agent import ModelClient, Progress
+from bub_bot.agent.streaming import Assembler, ScrubbedText
 from bub_bot.secrets import REDACTED, Scrubber
-from tests.fakes.openai_server import FakeOpenAI, raw, text
+from tests.fakes.openai_server import FakeOpenAI, raw, streamed, text, tool_calls
 
 USER = [{"role": "user", "content": "what is the key?"}]
 KEY = "sk-live-0123456789abcdefs"  # starts and ends with "s"
@@ -136,3 +136,26 @@ async def test_streamed_and_plain_answers_are_scrubbed_alike(fake_openai: FakeOp
         == (f"the key is {REDACTED} -- keep it safe, {REDACTED} twice")
     )
     assert seen and all(KEY[:8] not in t and plain.content.startswith(t) for t in seen)
+
+
+def test_tool_names_in_the_status_are_scrubbed() -> None:
+    seen: list[Progress] = []
+    assembler = Assembler(Scrubber([KEY]), seen.append)
+    call = {"index": 0, "id": "t1", "function": {"name": f"fetch_{KEY}", "arguments": "{}"}}
+    assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    assert [p.tools for p in seen if p.kind == "tools"] == [(f"fetch_{REDACTED}",)]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_turn_shows_scrubbed_tool_names(fake_openai: FakeOpenAI, agent, tape, stream):
+    """The status between steps (from the stream, and from the finished step's calls)."""
+    fake_openai.script(
+        streamed(tool_calls([(f"fetch_{KEY}", {})])), streamed(text("done"), chunks=2)
+    )
+    seen: list[Progress] = []
+    result = await agent(openai_api_key=KEY, stream=stream).run_turn(
+        tape, [{"role": "user", "content": "hi"}], progress=seen.append
+    )
+    assert result.reply == "done"
+    shown = [p.tools for p in seen if p.kind == "tools"]
+    assert shown and all(names == (f"fetch_{REDACTED}",) for names in shown), shown

@@ -244,7 +244,7 @@ class Agent:
                 )
 
             if progress is not None:
-                names = tuple(c["function"]["name"] for c in reply.tool_calls)
+                names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 _tell(progress, Progress("tools", tools=names))
             step_entries = await self._run_tools(ctx, tape, reply)
             step_entries.append(run_event)

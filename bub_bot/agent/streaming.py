@@ -8,7 +8,7 @@ chunk) and assembles what a non-streamed answer would have held: the text, the t
 What is reported while the text grows (`Progress`) has already passed the secret scrubber:
 a secret can be split across deltas, so the tail that could be the start of a secret is held
 back until the next delta shows it is not (`ScrubbedText`), and the final text is scrubbed
-whole, as a non-streamed answer is.
+whole, as a non-streamed answer is. Tool names shown while a step runs are scrubbed too.
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ class Assembler:
     """Collects the chunks of one streamed completion and reports progress."""
 
     def __init__(self, scrub: Scrubber, on_progress: ProgressCallback) -> None:
+        self._scrub = scrub
         self.text = ScrubbedText(scrub)
         self.on_progress = on_progress
         self.calls: dict[int, _Call] = {}
@@ -255,8 +256,9 @@ class Assembler:
                 call.arguments.append(arguments)
             elif arguments is not None:
                 call.arguments.append(json.dumps(arguments))
-        names = tuple(c.name for _, c in sorted(self.calls.items()) if c.name)
-        if len(names) > named:
+        if len([c for c in self.calls.values() if c.name]) > named:
+            # Shown in the status ("using fetch…"): scrubbed like the answer text.
+            names = tuple(self._scrub.text(c.name) for _, c in sorted(self.calls.items()) if c.name)
             self._report(Progress("tools", tools=names))
 
     def _report(self, progress: Progress) -> None:
