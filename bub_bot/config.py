@@ -111,6 +111,7 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "BUB_OPENAI_BASE_URL")
     )
     model_timeout_seconds: float = Field(default=120.0, gt=0)
+    """The most one model step may take, retries and a streamed step's fallback included."""
     model_retries: int = Field(default=3, ge=0, le=10)
     max_steps: int = Field(default=20, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)

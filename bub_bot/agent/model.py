@@ -42,6 +42,7 @@ from .streaming import (
     ProgressCallback,
     StreamBroken,
     StreamErrorEvent,
+    Watch,
     events,
 )
 
@@ -137,6 +138,10 @@ class ModelClient:
         the text as it grows. A server that refuses to stream, or a stream that breaks, gets
         one non-streamed request instead (after `Progress("reset")` if anything was shown);
         a server that refused is not asked to stream again by this process.
+
+        The whole call ends within `timeout` (default BUB_MODEL_TIMEOUT_SECONDS), retries and
+        a fallback request included; past it: ModelError, after `Progress("reset")` if
+        anything was shown.
         """
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
@@ -145,14 +150,33 @@ class ModelClient:
         if limit:
             body["max_tokens"] = limit
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        if on_progress is not None and self.streaming:
-            try:
-                return await self._streamed(body, options, on_progress)
-            except _Fallback as exc:
-                log.warning("model.stream_fallback base_url=%s: %s", public_url(self.base_url), exc)
-                if exc.shown:
-                    on_progress(Progress("reset"))
-        return await self._plain(body, options)
+        # The SDK's timeout bounds each read, so a stream that keeps sending (or a body that
+        # trickles in) would hold the turn, and the session's lease, for ever: the whole step
+        # (the SDK's retries and their waits, a fallback request included) has a deadline.
+        deadline = self._settings.model_timeout_seconds if timeout is None else timeout
+        watch = Watch(on_progress) if on_progress is not None else None
+        bound = asyncio.timeout(deadline)
+        try:
+            async with bound:
+                if watch is not None and self.streaming:
+                    try:
+                        return await self._streamed(body, options, watch)
+                    except _Fallback as exc:
+                        log.warning(
+                            "model.stream_fallback base_url=%s: %s", public_url(self.base_url), exc
+                        )
+                        if exc.shown:
+                            watch(Progress("reset"))
+                return await self._plain(body, options)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            if watch is not None and watch.shown:
+                watch.reset()  # the channel takes back what it showed; no fallback request
+            raise ModelError(
+                f"model request timed out: no whole answer within {deadline:g} s",
+                "The model took too long to answer. Please try again.",
+            ) from None
 
     @property
     def streaming(self) -> bool:

@@ -46,6 +46,28 @@ ProgressCallback = Callable[[Progress], None]
 """Called synchronously for every change; must be cheap (it runs once per delta)."""
 
 
+class Watch:
+    """The step's progress callback, remembering whether something shown waits to be
+    taken back (a step cut off by its deadline then says `reset`)."""
+
+    __slots__ = ("callback", "shown")
+
+    def __init__(self, callback: ProgressCallback) -> None:
+        self.callback = callback
+        self.shown = False
+
+    def __call__(self, progress: Progress) -> None:
+        self.shown = progress.kind != "reset"
+        self.callback(progress)
+
+    def reset(self) -> None:
+        """Take back what was shown; a watcher's failure does not hide the step's error."""
+        try:
+            self(Progress("reset"))
+        except Exception:
+            log.exception("progress watcher failed")
+
+
 class StreamBroken(Exception):
     """The stream ended without a finish, or sent something that is no chunk: the step falls
     back to a non-streamed request."""

@@ -18,6 +18,8 @@ mid-stream; ``stream_error(body, after=2)`` ends the stream with an error event;
 ``fake.refuse_stream = "400" | "stream_options" | "json"`` makes the server refuse streaming
 (a 400 naming ``stream``, a 400 naming ``stream_options``, or a plain JSON answer). Every
 streamed response is logged in ``fake.streams`` with the times its chunks went out.
+``endless()`` is a model that never finishes (a stream that goes on, a plain answer that
+trickles in).
 """
 
 from __future__ import annotations
@@ -97,6 +99,22 @@ class DropReply:
 
 
 @dataclass
+class EndlessReply:
+    """A model that never finishes: a streamed request gets a chunk of text (or, with
+    ``comments``, only a keep-alive comment) every ``every`` seconds; a plain request gets its
+    headers and then a byte of JSON whitespace every ``every`` seconds. After ``limit``
+    seconds (a safety net) it finishes with ``text`` after all. ``cut``: the client hung up
+    first; ``chunks``: how many pieces went out."""
+
+    every: float = 0.05
+    comments: bool = False
+    limit: float = 10.0
+    text: str = "finished after all"
+    cut: bool = False
+    chunks: int = 0
+
+
+@dataclass
 class StreamPlan:
     """How a streamed answer goes out (a plain request gets ``reply`` as usual).
 
@@ -135,7 +153,16 @@ class StreamLog:
         return self.times[-1]
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | RawReply | SlowReply | DropReply | StreamPlan
+Reply = (
+    TextReply
+    | ToolCallsReply
+    | ErrorReply
+    | RawReply
+    | SlowReply
+    | DropReply
+    | StreamPlan
+    | EndlessReply
+)
 
 
 def text(content: str, usage: dict[str, Any] | None = None) -> TextReply:
@@ -210,6 +237,12 @@ def html_page(status: int = 200) -> RawReply:
 def slow(reply: Reply, seconds: float) -> SlowReply:
     """Delay ``seconds`` before answering with ``reply``."""
     return SlowReply(reply, seconds)
+
+
+def endless(every: float = 0.05, comments: bool = False, limit: float = 10.0) -> EndlessReply:
+    """A model that keeps streaming (or trickles a plain answer) for ``limit`` seconds; keep
+    the object to look at ``cut`` and ``chunks``."""
+    return EndlessReply(every, comments, limit)
 
 
 def drop() -> DropReply:
@@ -455,6 +488,8 @@ class FakeOpenAI:
         plan = reply if isinstance(reply, StreamPlan) else None
         if plan is not None:
             reply = plan.reply
+        if isinstance(reply, EndlessReply):
+            return await _endless(request, reply, wants_stream, model)
         if isinstance(reply, DropReply):
             assert request.transport is not None
             request.transport.abort()
@@ -559,6 +594,42 @@ class FakeOpenAI:
         await resp.write_eof()
         log.completed = True
         return resp
+
+
+async def _endless(
+    request: web.Request, reply: EndlessReply, stream: bool, model: Any
+) -> web.StreamResponse:
+    kind = "text/event-stream" if stream else "application/json"
+    resp = web.StreamResponse(headers={"Content-Type": kind})
+    await resp.prepare(request)
+    head = {"id": "chatcmpl-endless", "created": int(time.time()), "model": model}
+    until = time.monotonic() + reply.limit
+    try:
+        while time.monotonic() < until:
+            if not stream:
+                piece = b" "
+            elif reply.comments:
+                piece = b": keep-alive\n\n"
+            else:
+                choice = {"index": 0, "delta": {"content": "la "}, "finish_reason": None}
+                piece = f"data: {json.dumps({**head, 'choices': [choice]})}\n\n".encode()
+            await resp.write(piece)
+            reply.chunks += 1
+            await asyncio.sleep(reply.every)
+    except (asyncio.CancelledError, ConnectionError):
+        reply.cut = True
+        raise
+    message = {"role": "assistant", "content": reply.text}
+    if stream:
+        choice = {"index": 0, "delta": message, "finish_reason": "stop"}
+        await resp.write(f"data: {json.dumps({**head, 'choices': [choice]})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+    else:
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        completion = {**head, "object": "chat.completion", "choices": [choice]}
+        await resp.write(json.dumps(completion).encode())
+    await resp.write_eof()
+    return resp
 
 
 def _deltas(
