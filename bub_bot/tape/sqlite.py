@@ -14,12 +14,11 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from .entries import TapeEntry, utc_now
-from .names import SIDECAR_SEP, archive_name, tape_role
+from .names import SIDECAR_SEP, tape_role
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .store import (
     AnchorNotFound,
     DedupeRecord,
-    FirstEntries,
     Opening,
     QuerySpec,
     Row,
@@ -138,22 +137,14 @@ class SQLiteTapeStore(StoreBase):
         )
         return None if ids is None else with_ids(entries, ids)
 
-    async def reset(
+    async def _reset(
         self,
         tape: str,
-        *,
-        archive: bool = True,
-        first: FirstEntries | None = None,
-        carry_inbound_after: int | None = None,
+        archived: str | None,
+        rows: Callable[[str | None], list[Row]],
+        carry_inbound_after: int | None,
     ) -> str | None:
-        """Clear `tape` and its sidecars in one transaction; returns the archive name (see
-        TapeStore). Archiving renames tape rows: O(1) in the entries."""
-        name = archive_name(tape) if archive else None
-
-        def rows(archived: str | None) -> list[Row]:
-            return [entry_row(e) for e in (first(archived) if first else ())]
-
-        return await self._run(_reset, tape, name, rows, carry_inbound_after, utc_now())
+        return await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
 
     async def append_copies(
         self,

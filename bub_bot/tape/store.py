@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .entries import KINDS, TapeEntry, dumps
 from .leases import Leases, LocalLeases
+from .names import archive_name
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
@@ -402,7 +403,32 @@ class StoreBase:
     ) -> list[TapeEntry] | None:
         raise NotImplementedError
 
-    async def reset(self, tape: str, *, archive: bool = True, **options: Any) -> str | None:
+    async def reset(
+        self,
+        tape: str,
+        *,
+        archive: bool = True,
+        first: FirstEntries | None = None,
+        carry_inbound_after: int | None = None,
+    ) -> str | None:
+        """Clear `tape` and its sidecars in one transaction; returns the archive name (see
+        TapeStore). Archiving renames tape rows: O(1) in the entries."""
+
+        def rows(archived: str | None) -> list[Row]:
+            return [entry_row(e) for e in (first(archived) if first else ())]
+
+        name = archive_name(tape) if archive else None
+        return await self._reset(tape, name, rows, carry_inbound_after)
+
+    async def _reset(
+        self,
+        tape: str,
+        archived: str | None,
+        rows: Callable[[str | None], list[Row]],
+        carry_inbound_after: int | None,
+    ) -> str | None:
+        """The store's reset transaction: `rows(archive name or None)` starts the fresh tape;
+        `archived` becomes None when the tape was never written."""
         raise NotImplementedError
 
     async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
