@@ -305,7 +305,11 @@ async def test_reset_archives_and_starts_empty(make_runtime, fake_openai, store)
     assert first.id == 1
     assert first.payload == {
         "name": "session/start",
-        "state": {"owner": "human", "archived": archive, "workspace": str(runtime.settings.workspace)},
+        "state": {
+            "owner": "human",
+            "archived": archive,
+            "workspace": str(runtime.settings.workspace),
+        },
     }
     assert await tape.read_messages() == []
     await talk(runtime, channel, "what did I say?")
