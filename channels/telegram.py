@@ -394,7 +394,9 @@ class TelegramChannel:
             await self._handle(update)
         except Exception as exc:
             log.error("telegram.receive failed update=%d: %s", update.update_id, self._scrub(exc))
-            return web.Response(status=500, text="not stored; retry")
+            # Not acknowledged (the store or the lease failed): Telegram sends it again, and a
+            # copy that was stored after all is recognised by its message id.
+            return web.Response(status=500, text="not acknowledged; retry")
         # An empty body: a JSON body would be read by Telegram as a method call.
         return web.Response(status=200)
 
