@@ -33,7 +33,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -45,17 +45,15 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
-from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bub_bot.commands import COMMANDS, strip_mention
 from bub_bot.config import ConfigError, Settings
 
 from . import slack_events
-from .base import DENIED, DeliveryError, DeliveryUnknown, Inbound, RuntimeLike, Sender
-from .pacing import Pacer, Rate
+from .base import DENIED, Inbound, RuntimeLike, Sender
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
-from .slack_format import format_and_split
-from .slack_stream import NativeStreams, SlackStream
+from .slack_outbox import SlackOutbox
+from .slack_stream import SlackStream
 
 log = logging.getLogger("channels.slack")
 
@@ -63,13 +61,6 @@ DEFAULT_API_URL = "https://slack.com/api/"
 EVENTS_PATH = "/slack/events"
 NOT_ENABLED = "Sorry, this bot is not enabled for you."
 NOT_ENABLED_EVERY_SECONDS = 3600.0
-STATUS_TEXT = "is thinking…"
-WORKING_REACTION = "eyes"
-DONE_REACTION = "white_check_mark"
-INDICATOR_TIMEOUT = 5.0
-MAX_RATE_LIMIT_WAITS = 5
-MAX_RETRY_AFTER = 300.0
-CONNECT_RETRIES = 2
 SOCKET_CONNECT_TIMEOUT = 30.0
 BAD_TOKEN_ERRORS = (
     "invalid_auth",
@@ -105,7 +96,7 @@ class SlackChannel:
         if not self.api_url.endswith("/"):
             self.api_url += "/"
         # No retry handlers: the SDK's connection-error retry would re-post a message whose
-        # first post may have landed. Rate limits are handled in `_call`.
+        # first post may have landed. Rate limits are handled in `SlackOutbox.call`.
         self.client = AsyncWebClient(token=token, base_url=self.api_url, retry_handlers=[])
         self.app = AsyncApp(
             client=self.client,
@@ -125,12 +116,9 @@ class SlackChannel:
         self.bot_id = ""
         self.bot_label = "bot"
         self._socket: Any = None
-        self._status_ok: dict[str, bool] = {}
         self._notified: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._channel_rate = Rate.parse(settings.slack_rate_channel)
-        self._pacers: dict[str, Pacer] = {}
-        self._native_streams = NativeStreams()
+        self.outbox = SlackOutbox(settings, self.client)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -147,7 +135,7 @@ class SlackChannel:
             raise ConfigError(
                 f"cannot reach the Slack Web API at {self.api_url} (BUB_SLACK_API_URL): {exc}"
             ) from None
-        self.team_id = str(auth.get("team_id") or "")
+        self.team_id = self.outbox.team_id = str(auth.get("team_id") or "")
         self.bot_user_id = str(auth.get("user_id") or "")
         self.bot_id = str(auth.get("bot_id") or "")
         self.bot_label = str(auth.get("user") or "bot")
@@ -437,196 +425,22 @@ class SlackChannel:
         await runtime.receive(inbound)
         await ack()
 
-    # -- outbound --------------------------------------------------------------------------
+    # -- outbound (channels/slack_outbox.py) ------------------------------------------------
     def split(self, text: str) -> list[str]:
-        return format_and_split(text)
+        return self.outbox.split(text)
 
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
-        if target.get("ephemeral"):
-            return await self._send_ephemeral(target, piece)
-        params: dict[str, Any] = {"channel": target["channel"], "text": piece}
-        if target.get("thread_ts"):
-            params["thread_ts"] = target["thread_ts"]
-        response = await self._call("chat.postMessage", params)
-        return [str(response.get("ts") or "")]
+        return await self.outbox.send(target, piece)
 
     def stream(
         self, target: dict[str, Any], shown: Sequence[str | None] = ()
     ) -> SlackStream | None:
         """The reply shown while it is written (channels/slack_stream.py); none for the
         ephemeral replies of slash commands."""
-        if target.get("ephemeral") or not target.get("channel"):
-            return None
-        team = str(target.get("team") or self.team_id)
-        mode = self.settings.slack_working_indicator
+        return self.outbox.stream(target, shown)
 
-        async def set_status(text: str) -> bool:
-            """The thread's status names what the bot does, where the status is in use."""
-            if mode not in ("status", "auto") or not self._status_ok.get(team, False):
-                return False
-            return await self._set_status(target, text, team, remember=False)
-
-        return SlackStream(
-            target,
-            shown,
-            call=self._call,
-            native=self._native_streams,
-            team=team,
-            set_status=set_status,
-        )
-
-    async def _send_ephemeral(self, target: dict[str, Any], piece: str) -> list[str]:
-        url = target.get("response_url")
-        if url:
-            hook = AsyncWebhookClient(url, retry_handlers=[])
-            for attempt in range(MAX_RATE_LIMIT_WAITS + 1):
-                try:
-                    answer = await hook.send(
-                        text=piece, response_type="ephemeral", replace_original=False
-                    )
-                except aiohttp.ClientConnectorError as exc:
-                    log.warning("slack.response_url unreachable: %s", exc)
-                    break
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise DeliveryUnknown(f"response_url: connection lost: {exc}") from exc
-                if answer.status_code == 200:
-                    return []
-                if answer.status_code == 429 and attempt < MAX_RATE_LIMIT_WAITS:
-                    await asyncio.sleep(_retry_after(answer.headers))
-                    continue
-                log.info("slack.response_url failed status=%s: %s", answer.status_code, answer.body)
-                break
-        # No usable response_url (expired after 30 minutes, or 5 uses): post ephemerally.
-        params = {"channel": target["channel"], "user": target["user"], "text": piece}
-        response = await self._call("chat.postEphemeral", params)
-        return [str(response.get("message_ts") or "")]
-
-    async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One Web API call that posts something: waits out 429s, retries only failures that
-        provably never reached Slack, and reports an unknown outcome as DeliveryUnknown."""
-        waits = 0
-        connect_failures = 0
-        pacer = self._pacer(method)
-        while True:
-            try:
-                async with pacer.turn(str(params.get("channel") or "")):
-                    try:
-                        response = await self.client.api_call(method, json=params)
-                    except SlackApiError as exc:
-                        if exc.response.status_code == 429:
-                            # Every call of this method waits, this one included (re-queued).
-                            pacer.pause_all(_retry_after(exc.response.headers))
-                        raise
-                return dict(response.data) if isinstance(response.data, dict) else {}
-            except SlackApiError as exc:
-                status = exc.response.status_code
-                error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
-                if status == 429 and waits < MAX_RATE_LIMIT_WAITS:
-                    waits += 1
-                    delay = _retry_after(exc.response.headers)
-                    log.warning("slack.rate_limited method=%s retry_after=%.1fs", method, delay)
-                    continue
-                if status >= 500:
-                    raise DeliveryUnknown(f"{method}: HTTP {status} {error or ''}".strip()) from exc
-                raise DeliveryError(f"{method}: {error or f'HTTP {status}'}") from exc
-            except aiohttp.ClientConnectorError as exc:
-                # The connection was never made: nothing was posted, trying again is safe.
-                if connect_failures < CONNECT_RETRIES:
-                    connect_failures += 1
-                    await asyncio.sleep(0.5 * connect_failures)
-                    continue
-                raise DeliveryError(f"{method}: cannot connect: {exc}") from exc
-            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-                raise DeliveryUnknown(f"{method}: connection lost, outcome unknown: {exc}") from exc
-
-    def _pacer(self, method: str) -> Pacer:
-        """The turns of one Web API method: `chat.postMessage` paced per channel, the others
-        only held by a 429."""
-        pacer = self._pacers.get(method)
-        if pacer is None:
-            per_channel = self._channel_rate if method == "chat.postMessage" else None
-            pacer = self._pacers[method] = Pacer(per_key=per_channel, name=f"slack.{method}")
-        return pacer
-
-    # -- working indicator -----------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def working(self, target: dict[str, Any]) -> AsyncIterator[None]:
-        mode = self.settings.slack_working_indicator
-        if mode == "none" or target.get("ephemeral") or not target.get("channel"):
-            yield
-            return
-        team = str(target.get("team") or self.team_id)
-        status_on = False
-        if mode in ("status", "auto") and target.get("thread_ts"):
-            if mode == "status" or self._status_ok.get(team, True):
-                status_on = await self._set_status(target, STATUS_TEXT, team, remember=True)
-        reacted = False
-        if not status_on and mode in ("auto", "reaction") and target.get("ts"):
-            reacted = await self._indicator_call(
-                "reactions.add",
-                {"channel": target["channel"], "timestamp": target["ts"], "name": WORKING_REACTION},
-            )
-        try:
-            yield
-        finally:
-            if status_on:
-                await self._set_status(target, "", team, remember=False)
-            if reacted:
-                ref = {"channel": target["channel"], "timestamp": target["ts"]}
-                await self._indicator_call("reactions.remove", {**ref, "name": WORKING_REACTION})
-                await self._indicator_call("reactions.add", {**ref, "name": DONE_REACTION})
-
-    async def _set_status(
-        self, target: dict[str, Any], status: str, team: str, *, remember: bool
-    ) -> bool:
-        params = {
-            "channel_id": target["channel"],
-            "thread_ts": target["thread_ts"],
-            "status": status,
-        }
-        try:
-            await asyncio.wait_for(
-                self.client.api_call("assistant.threads.setStatus", json=params),
-                INDICATOR_TIMEOUT,
-            )
-        except SlackApiError as exc:
-            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
-            if remember and exc.response.status_code != 429:
-                # Not an assistant/agent app here (or no scope): use reactions from now on.
-                log.info("slack.status_unavailable team=%s error=%s", team, error)
-                self._status_ok[team] = False
-            return False
-        except Exception as exc:
-            log.debug("slack.status_failed: %s", exc)
-            return False
-        if remember:
-            self._status_ok[team] = True
-        return True
-
-    async def _indicator_call(self, method: str, params: dict[str, Any]) -> bool:
-        try:
-            await asyncio.wait_for(self.client.api_call(method, json=params), INDICATOR_TIMEOUT)
-        except SlackApiError as exc:
-            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
-            log.debug("slack.indicator %s failed: %s", method, error)
-            return error == "already_reacted"
-        except Exception as exc:
-            log.debug("slack.indicator %s failed: %s", method, exc)
-            return False
-        return True
-
-
-def _retry_after(headers: Any) -> float:
-    """Seconds to wait from a Retry-After header (1 s when missing or unreadable)."""
-    value: Any = None
-    if headers is not None:
-        value = headers.get("Retry-After") or headers.get("retry-after")
-    if isinstance(value, list):
-        value = value[0] if value else None
-    try:
-        return min(max(float(value), 0.0), MAX_RETRY_AFTER)
-    except (TypeError, ValueError):
-        return 1.0
+    def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.outbox.working(target)
 
 
 def _normalise_mentions(text: str) -> str:
