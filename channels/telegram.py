@@ -22,18 +22,15 @@ The token is part of every Bot API URL, so nothing here logs URLs or raw aiohttp
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hmac
 import logging
-import mimetypes
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-import aiohttp
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
@@ -45,13 +42,14 @@ from aiogram.exceptions import (
     TelegramRetryAfter,
     TelegramUnauthorizedError,
 )
-from aiogram.types import BotCommand, Message, PhotoSize, Update
+from aiogram.types import BotCommand, Message, Update
 from aiohttp import web
 
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
 from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
+from .telegram_content import MessageReader, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_stream import Drafts, TelegramStream
 from .telegram_updates import Malformed, RawGetUpdates, parse_body, read_update, update_id
@@ -63,7 +61,6 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 HINT_INTERVAL = 3600.0
 HINT_TIMEOUT = 10.0
-QUOTE_CHARS = 500
 NOT_ALLOWED = (
     "Sorry, I only talk to people I have been told about. Your Telegram user id is {id}."
     " Ask whoever runs this bot to add it to BUB_TELEGRAM_ALLOW_USERS."
@@ -107,6 +104,7 @@ class TelegramChannel:
         self._closing: asyncio.Future[None] | None = None
         self._offset: int | None = None
         self._migrated: dict[int, int] = {}
+        self.reader = MessageReader(settings.telegram_max_image_bytes, self._api, self._scrub)
         self._background: set[asyncio.Task[None]] = set()
         """Moves learned while sending (kept referenced until they finish)."""
         self._hinted: dict[int, float] = {}
@@ -473,7 +471,7 @@ class TelegramChannel:
             return None
         if chat.type not in ("private", "group", "supergroup") or user is None or user.is_bot:
             return None
-        if message.is_automatic_forward or not _has_content(message):
+        if message.is_automatic_forward or not has_content(message):
             return None  # service messages (joins, pins, topic events) and channel forwards
         if chat.type != "private" and not self._addressed(message):
             return None
@@ -484,10 +482,10 @@ class TelegramChannel:
                 log.info("telegram.ignored unauthorised user=%d chat=%d", user.id, chat.id)
             return DENIED
         bot_names = (f"@{self.username}",) if self.username else ()
-        body, images = await self._content(message)
+        body, images = await self.reader.content(message)
         text = body
         if commands.parse(body, bot_names) is None:
-            context = self._reply_context(message)
+            context = self.reader.reply_context(message, self.bot_id)
             if context:
                 text = f"{context}\n{body}" if body else context
         thread = message.message_thread_id if message.is_topic_message else None
@@ -535,81 +533,6 @@ class TelegramChannel:
             )
         except (TelegramAPIError, AiogramError, DeliveryError, TimeoutError) as exc:
             log.warning("telegram.hint failed user=%d: %s", user_id, self._scrub(exc))
-
-    def _reply_context(self, message: Message) -> str:
-        """The message replied to (or the quoted part of it), as context for the model."""
-        reply = message.reply_to_message
-        if reply is not None and reply.forum_topic_created is not None:
-            reply = None
-        quoted = message.quote.text if message.quote else ""
-        if not quoted and reply is not None:
-            quoted = reply.text or reply.caption or _placeholder(reply) or ""
-        if not quoted:
-            return ""
-        who = "someone"
-        origin = reply.from_user if reply is not None else None
-        if origin is not None:
-            who = "you" if origin.id == self.bot_id else origin.full_name
-        if len(quoted) > QUOTE_CHARS:
-            quoted = quoted[:QUOTE_CHARS] + "…"
-        return f"[In reply to {who}: {quoted}]"
-
-    async def _content(self, message: Message) -> tuple[str, list[str]]:
-        """The message's text (caption) with a placeholder for media; photos as data URLs."""
-        caption = message.text or message.caption or ""
-        images: list[str] = []
-        note = ""
-        if message.photo:
-            url, note = await self._photo(message.photo)
-            if url:
-                images.append(url)
-        elif (
-            self.settings.telegram_max_image_bytes > 0
-            and message.document
-            and (message.document.mime_type or "").startswith("image/")
-            and (message.document.file_size or 0) <= self.settings.telegram_max_image_bytes
-        ):
-            url = await self._download(message.document.file_id, message.document.mime_type)
-            if url:
-                images.append(url)
-            else:
-                note = _placeholder(message) or ""
-        else:
-            note = _placeholder(message) or ""
-        return "\n".join(p for p in (note, caption) if p), images
-
-    async def _photo(self, sizes: list[PhotoSize]) -> tuple[str | None, str]:
-        cap = self.settings.telegram_max_image_bytes
-        if cap <= 0:
-            return None, "[photo]"
-        ordered = sorted(sizes, key=lambda p: p.width * p.height, reverse=True)
-        fitting = [p for p in ordered if p.file_size is None or p.file_size <= cap]
-        for size in fitting:
-            url = await self._download(size.file_id, None)
-            if url:
-                return url, ""
-        largest = ordered[0].file_size if ordered else None
-        if not fitting and largest:
-            return None, f"[photo, too large to show: {_bytes(largest)}]"
-        return None, "[photo that could not be downloaded]"
-
-    async def _download(self, file_id: str, mime: str | None) -> str | None:
-        """A file as a `data:` URL, or None if it is over the cap or cannot be fetched."""
-        cap = self.settings.telegram_max_image_bytes
-        try:
-            async with self._api() as bot:
-                info = await bot.get_file(file_id)
-                if not info.file_path or (info.file_size or 0) > cap:
-                    return None
-                stream = await bot.download_file(info.file_path, timeout=30)
-        except (TelegramAPIError, AiogramError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("telegram.download failed: %s", self._scrub(exc))
-            return None
-        data = stream.read() if stream is not None else b""
-        if not data or len(data) > cap:
-            return None
-        kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
-        return f"data:{kind};base64,{base64.b64encode(data).decode()}"
 
     # -- outbound (telegram_outbox) ----------------------------------------------------------
     def split(self, text: str) -> list[str]:
@@ -690,64 +613,6 @@ def _describe(usage: str) -> str:
     """The menu text of a command from its usage line ("/x — does y" -> "does y")."""
     _, _, text = usage.partition(" — ")
     return (text or usage)[:256]
-
-
-def _has_content(message: Message) -> bool:
-    return bool(message.text or message.caption or message.photo or _placeholder(message))
-
-
-def _bytes(size: int | None) -> str:
-    if not size:
-        return ""
-    if size < 1024:
-        return f"{size} B"
-    if size < 1024 * 1024:
-        return f"{size / 1024:.0f} KB"
-    return f"{size / 1024 / 1024:.1f} MB"
-
-
-def _duration(seconds: int | None) -> str:
-    if seconds is None:
-        return ""
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def _placeholder(message: Message) -> str | None:
-    """A short description of a non-text message so the model knows what was sent."""
-
-    def fmt(kind: str, *details: str | None) -> str:
-        parts = [d for d in details if d]
-        return f"[{kind}: {', '.join(parts)}]" if parts else f"[{kind}]"
-
-    if message.photo:
-        return "[photo]"
-    if message.voice:
-        v = message.voice
-        return fmt("voice message", _duration(v.duration), _bytes(v.file_size))
-    if message.video_note:
-        v = message.video_note
-        return fmt("round video message", _duration(v.duration), _bytes(v.file_size))
-    if message.video:
-        v = message.video
-        return fmt("video", v.file_name, _duration(v.duration), _bytes(v.file_size))
-    if message.animation:
-        a = message.animation
-        return fmt("animation", a.file_name, _duration(a.duration), _bytes(a.file_size))
-    if message.audio:
-        a = message.audio
-        title = " - ".join(p for p in (a.performer, a.title) if p) or a.file_name
-        return fmt("audio", title, _duration(a.duration), _bytes(a.file_size))
-    if message.document:
-        d = message.document
-        return fmt("document", d.file_name, d.mime_type, _bytes(d.file_size))
-    if message.sticker:
-        return fmt("sticker", message.sticker.emoji)
-    if message.location:
-        loc = message.location
-        return fmt("location", f"{loc.latitude:.5f}, {loc.longitude:.5f}")
-    if message.poll:
-        return fmt("poll", message.poll.question)
-    return None
 
 
 def _migration(message: Message) -> tuple[int, int] | None:

@@ -1,0 +1,168 @@
+"""What a Telegram message says, for the model: its text or caption, a short note for media
+it cannot open (voice, video, documents, …), photos as `data:` URLs (size-capped), and the
+message it replies to as context."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import mimetypes
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import aiohttp
+from aiogram import Bot
+from aiogram.exceptions import AiogramError, TelegramAPIError
+from aiogram.types import Message, PhotoSize
+
+log = logging.getLogger("channels.telegram")
+
+QUOTE_CHARS = 500
+
+
+class MessageReader:
+    """Turns messages into the text and images the model gets."""
+
+    def __init__(
+        self,
+        max_image_bytes: int,
+        api: Callable[[], AbstractAsyncContextManager[Bot]],
+        scrub: Callable[[Any], str],
+    ) -> None:
+        self.max_image_bytes = max_image_bytes
+        self._api = api
+        self._scrub = scrub
+
+    def reply_context(self, message: Message, bot_id: int | None) -> str:
+        """The message replied to (or the quoted part of it), as context for the model."""
+        reply = message.reply_to_message
+        if reply is not None and reply.forum_topic_created is not None:
+            reply = None
+        quoted = message.quote.text if message.quote else ""
+        if not quoted and reply is not None:
+            quoted = reply.text or reply.caption or placeholder(reply) or ""
+        if not quoted:
+            return ""
+        who = "someone"
+        origin = reply.from_user if reply is not None else None
+        if origin is not None:
+            who = "you" if origin.id == bot_id else origin.full_name
+        if len(quoted) > QUOTE_CHARS:
+            quoted = quoted[:QUOTE_CHARS] + "…"
+        return f"[In reply to {who}: {quoted}]"
+
+    async def content(self, message: Message) -> tuple[str, list[str]]:
+        """The message's text (caption) with a placeholder for media; photos as data URLs."""
+        caption = message.text or message.caption or ""
+        images: list[str] = []
+        note = ""
+        if message.photo:
+            url, note = await self._photo(message.photo)
+            if url:
+                images.append(url)
+        elif (
+            self.max_image_bytes > 0
+            and message.document
+            and (message.document.mime_type or "").startswith("image/")
+            and (message.document.file_size or 0) <= self.max_image_bytes
+        ):
+            url = await self._download(message.document.file_id, message.document.mime_type)
+            if url:
+                images.append(url)
+            else:
+                note = placeholder(message) or ""
+        else:
+            note = placeholder(message) or ""
+        return "\n".join(p for p in (note, caption) if p), images
+
+    async def _photo(self, sizes: list[PhotoSize]) -> tuple[str | None, str]:
+        cap = self.max_image_bytes
+        if cap <= 0:
+            return None, "[photo]"
+        ordered = sorted(sizes, key=lambda p: p.width * p.height, reverse=True)
+        fitting = [p for p in ordered if p.file_size is None or p.file_size <= cap]
+        for size in fitting:
+            url = await self._download(size.file_id, None)
+            if url:
+                return url, ""
+        largest = ordered[0].file_size if ordered else None
+        if not fitting and largest:
+            return None, f"[photo, too large to show: {_bytes(largest)}]"
+        return None, "[photo that could not be downloaded]"
+
+    async def _download(self, file_id: str, mime: str | None) -> str | None:
+        """A file as a `data:` URL, or None if it is over the cap or cannot be fetched."""
+        cap = self.max_image_bytes
+        try:
+            async with self._api() as bot:
+                info = await bot.get_file(file_id)
+                if not info.file_path or (info.file_size or 0) > cap:
+                    return None
+                stream = await bot.download_file(info.file_path, timeout=30)
+        except (TelegramAPIError, AiogramError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("telegram.download failed: %s", self._scrub(exc))
+            return None
+        data = stream.read() if stream is not None else b""
+        if not data or len(data) > cap:
+            return None
+        kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
+        return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def has_content(message: Message) -> bool:
+    return bool(message.text or message.caption or message.photo or placeholder(message))
+
+
+def _bytes(size: int | None) -> str:
+    if not size:
+        return ""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.0f} KB"
+    return f"{size / 1024 / 1024:.1f} MB"
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def placeholder(message: Message) -> str | None:
+    """A short description of a non-text message so the model knows what was sent."""
+
+    def fmt(kind: str, *details: str | None) -> str:
+        parts = [d for d in details if d]
+        return f"[{kind}: {', '.join(parts)}]" if parts else f"[{kind}]"
+
+    if message.photo:
+        return "[photo]"
+    if message.voice:
+        v = message.voice
+        return fmt("voice message", _duration(v.duration), _bytes(v.file_size))
+    if message.video_note:
+        v = message.video_note
+        return fmt("round video message", _duration(v.duration), _bytes(v.file_size))
+    if message.video:
+        v = message.video
+        return fmt("video", v.file_name, _duration(v.duration), _bytes(v.file_size))
+    if message.animation:
+        a = message.animation
+        return fmt("animation", a.file_name, _duration(a.duration), _bytes(a.file_size))
+    if message.audio:
+        a = message.audio
+        title = " - ".join(p for p in (a.performer, a.title) if p) or a.file_name
+        return fmt("audio", title, _duration(a.duration), _bytes(a.file_size))
+    if message.document:
+        d = message.document
+        return fmt("document", d.file_name, d.mime_type, _bytes(d.file_size))
+    if message.sticker:
+        return fmt("sticker", message.sticker.emoji)
+    if message.location:
+        loc = message.location
+        return fmt("location", f"{loc.latitude:.5f}, {loc.longitude:.5f}")
+    if message.poll:
+        return fmt("poll", message.poll.question)
+    return None
