@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 from tests.pg import free_port  # noqa: E402
+from tests.serve_process import wait_ready  # noqa: E402
 
 TOKEN = "123456:BENCH-token"
 HOOK_SECRET = "bench-hook-secret"
@@ -111,19 +112,8 @@ class Serve:
                 stdout=out,
                 stderr=out,
             )
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc.returncode is not None:
-                    raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
-                try:
-                    async with http.get(f"{self.url}/readyz") as resp:
-                        if resp.status == 200:
-                            return self
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready:\n{self.log.read_text()[-3000:]}")
+        await wait_ready(self.url, self.proc, self.log, timeout=timeout)
+        return self
 
     @property
     def pid(self) -> int:

@@ -40,13 +40,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from channels.telegram_format import html_to_text, markdown_to_html
 from tests.fakes.openai_server import FakeOpenAI, Reply, slow, streamed, text
 from tests.fakes.telegram_api import FakeTelegram
+from tests.serve_process import wait_ready
 
 TOKEN = "123456:BENCH-token"
 WORDS = (
@@ -101,17 +100,9 @@ class Serve:
         self.proc = await asyncio.create_subprocess_exec(
             *cmd, "serve", env=self.env, cwd=self.cwd, stdout=log, stderr=log
         )
-        url = f"http://127.0.0.1:{self.env['PORT']}/readyz"
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):
-                try:
-                    async with http.get(url) as resp:
-                        if resp.status == 200:
-                            return self
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"bub-bot serve did not start; see {self.cwd / 'serve.log'}")
+        url = f"http://127.0.0.1:{self.env['PORT']}"
+        await wait_ready(url, self.proc, self.cwd / "serve.log", timeout=30)
+        return self
 
     @property
     def pid(self) -> int:

@@ -21,6 +21,7 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
 from tests.pg import PostgresCluster, free_port
+from tests.serve_process import wait_ready
 
 TOKEN = "123456:REPLICA-secret_token"
 HOOK = "https://bot.example.test/tg/hook"
@@ -43,19 +44,8 @@ class Replica:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bub_bot", "serve", env=self.env, stdout=out, stderr=out
             )
-        deadline = time.monotonic() + 60
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc.returncode is not None:
-                    raise AssertionError(f"{self.name} exited early:\n{self.log.read_text()}")
-                try:
-                    async with http.get(f"{self.url}/readyz") as resp:
-                        if resp.status == 200:
-                            return self
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"{self.name} not ready in time:\n{self.log.read_text()}")
+        await wait_ready(self.url, self.proc, self.log)
+        return self
 
     @property
     def url(self) -> str:

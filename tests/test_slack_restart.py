@@ -18,6 +18,7 @@ import aiohttp
 from bub_bot.tape import SQLiteTapeStore, Tape
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.slack_api import FakeSlack, app_mention, sign_request
+from tests.serve_process import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "restart-signing-secret"
@@ -57,20 +58,12 @@ async def _serve(env: dict[str, str], cwd: Path, log: IO[bytes]) -> asyncio.subp
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bub_bot", "serve", cwd=cwd, env=env, stdout=log, stderr=log
     )
-    url = f"http://127.0.0.1:{env['PORT']}/readyz"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            if proc.returncode is not None:
-                raise AssertionError(f"bub-bot serve exited with {proc.returncode}")
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return proc
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    proc.kill()
-    raise AssertionError("bub-bot serve did not become ready")
+    try:
+        await wait_ready(f"http://127.0.0.1:{env['PORT']}", proc, timeout=15)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc
 
 
 async def _post(port: int, payload: dict, headers: dict[str, str] | None = None) -> int:

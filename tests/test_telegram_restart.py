@@ -19,6 +19,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
+from tests.serve_process import wait_ready
 
 SECRET_HALF = "SECRET-token_value"
 TOKEN = f"123456:{SECRET_HALF}"
@@ -73,21 +74,8 @@ class Serve:
         await self.ready()
 
     async def ready(self) -> None:
-        url = f"http://127.0.0.1:{self.port}/readyz"
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.returncode is not None:
-                    raise AssertionError(f"bub-bot exited early:\n{self.log.read_text()}")
-                try:
-                    async with http.get(url) as resp:
-                        if resp.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"bub-bot not ready in time:\n{self.log.read_text()}")
+        assert self.proc is not None
+        await wait_ready(f"http://127.0.0.1:{self.port}", self.proc, self.log, timeout=30)
 
     async def wait(self, timeout: float = 30) -> int:
         assert self.proc is not None
