@@ -114,6 +114,15 @@ class RuntimeLike(Protocol):
         """Leadership of job `name` (e.g. `telegram:poller:<bot id>`): with several replicas
         on one database, one of them runs the job at a time; a single process always leads."""
 
+    async def broadcast(self, topic: str, data: str) -> None:
+        """Tell the other replicas on this database `data` (short text, under 7900 bytes with
+        the topic) under `topic` (one word, e.g. the channel's name). Best effort, never
+        raises; a single process sends nothing (it has nobody to tell)."""
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> None:
+        """Call `callback(data)` (in the event loop; it must not block) for every broadcast
+        of `topic` by another replica, from when the runtime starts."""
+
 
 class Leadership(Protocol):
     """A job only one replica runs at a time (Telegram long polling): `async with

@@ -418,6 +418,18 @@ class Runtime:
         """Leadership of job `name` across replicas (see `channels.base.Leadership`)."""
         return Leadership(self.lease_keeper, name)
 
+    async def broadcast(self, topic: str, data: str) -> None:
+        """Tell the other replicas on this database `data` under `topic` (see
+        `channels.base.RuntimeLike.broadcast`); best effort: a failure is logged, not raised."""
+        try:
+            await self.leases.broadcast(topic, data)
+        except Exception as exc:
+            log.warning("broadcast.failed topic=%s: %s", topic, exc)
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> None:
+        """Call `callback(data)` for every broadcast of `topic` by another replica."""
+        self.leases.subscribe(topic, callback)
+
     async def start(self) -> None:
         """Begin serving: with shared leases, take handovers and sweep for lapsed leases;
         then resume every session with unfinished work."""

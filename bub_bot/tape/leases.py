@@ -8,6 +8,9 @@ described in `bub_bot/runtime/leases.py`.
 Two kinds of lease share the table: a session's (named by its tape, carrying the session id,
 adopted by another replica when its owner dies) and a job's (one replica at a time runs it,
 e.g. Telegram long polling; no session id; a standby takes it when it lapses).
+
+The same notices carry broadcasts: a short text under a topic, heard by the other processes
+on the database that subscribed to the topic (e.g. "this conversation changed"), best effort.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+MAX_BROADCAST = 7900
+"""Bytes of a broadcast's topic and data together, as UTF-8 (PostgreSQL's NOTIFY takes a
+payload under 8000 bytes, and the notice wraps them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,16 @@ class Leases(Protocol):
     async def listen(self, on_handover: Callable[[LeaseKey], None]) -> None:
         """Call `on_handover` when another process hands a lease over."""
 
+    async def broadcast(self, topic: str, data: str) -> None:
+        """Tell the other processes `data` under `topic` (a word; together at most
+        `MAX_BROADCAST` bytes of UTF-8 text without NUL, else ValueError). Best effort: a
+        process not listening at that moment never hears it. A single-process store sends
+        nothing."""
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> None:
+        """Call `callback(data)` (in the event loop, never for our own) for every broadcast
+        of `topic` by another process, once listening (`listen`)."""
+
     async def close(self) -> None:
         """Stop listening; release nothing (a clean shutdown releases explicitly)."""
 
@@ -102,6 +119,12 @@ class LocalLeases:
         return None
 
     async def listen(self, on_handover: Callable[[LeaseKey], None]) -> None:
+        return None
+
+    async def broadcast(self, topic: str, data: str) -> None:
+        return None  # nobody else to tell
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> None:
         return None
 
     async def close(self) -> None:

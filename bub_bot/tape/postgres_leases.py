@@ -13,6 +13,10 @@ One row per held lease: (key, session_id, owner, expires). Every time is the dat
 - lapsed: session rows past their expiry, oldest first, bounded; next_lapse: when the next
   one will be, so the sweep looks right then instead of up to a third of a lease later.
 
+Broadcasts (`broadcast`/`subscribe`) share the channel: a notice `broadcast <owner> <topic>`,
+a newline, then the data as is (no JSON around it, so its size is exactly known); a handover
+notice is a JSON object.
+
 NOTIFY channels are per database, not per schema: the channel name carries the schema, so
 two bub-bots sharing a database in different schemas never hear each other. The listener has
 its own connection (not one of the pool's) and reconnects when it drops or stops answering.
@@ -30,7 +34,7 @@ from typing import Any
 
 import asyncpg
 
-from .leases import LeaseKey
+from .leases import MAX_BROADCAST, LeaseKey
 
 log = logging.getLogger("bub_bot.leases")
 
@@ -77,6 +81,9 @@ SELECT extract(epoch FROM min(expires) - now())::float8 FROM bub_leases
 WHERE session_id IS NOT NULL AND owner <> $1 AND expires >= now()
 """
 
+BROADCAST = "broadcast "
+"""How a broadcast notice starts (a handover notice is a JSON object)."""
+
 WATCH_SECONDS = 5.0
 """How often the listener connection is checked (and reconnected when it stopped answering)."""
 
@@ -94,6 +101,7 @@ class PostgresLeases:
         self._channel: str | None = None
         self._listener: asyncpg.Connection | None = None
         self._on_handover: Callable[[LeaseKey], None] | None = None
+        self._subscribers: dict[str, list[Callable[[str], None]]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
         self.watch_seconds = WATCH_SECONDS
@@ -189,7 +197,35 @@ class PostgresLeases:
         if old is not None:
             await _close(old)
 
+    # -- broadcasts ---------------------------------------------------------------------------
+    async def broadcast(self, topic: str, data: str) -> None:
+        if not topic or len(topic.split()) != 1 or topic != topic.strip():
+            raise ValueError(f"a broadcast topic is one word, not {topic!r}")
+        if "\x00" in data or len(topic.encode()) + len(data.encode()) > MAX_BROADCAST:
+            raise ValueError(f"broadcast data for {topic} is too long or holds NUL")
+        payload = f"{BROADCAST}{self.owner} {topic}\n{data}"
+        channel = await self.channel()
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> None:
+        self._subscribers.setdefault(topic, []).append(callback)
+
+    def _broadcast_heard(self, payload: str) -> None:
+        head, _, data = payload.partition("\n")
+        sender, _, topic = head[len(BROADCAST) :].rpartition(" ")
+        if sender == self.owner:
+            return
+        for callback in self._subscribers.get(topic, ()):
+            try:
+                callback(data)
+            except Exception:
+                log.exception("leases.broadcast handler failed topic=%s", topic)
+
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if payload.startswith(BROADCAST):
+            self._broadcast_heard(payload)
+            return
         try:
             data = json.loads(payload)
             key = LeaseKey(str(data["key"]), str(data.get("session") or ""))

@@ -4,14 +4,15 @@ Conversations are sessions `web:<id>` on the same runtime, tape, commands and ag
 as every other channel: a posted message becomes an `Inbound` and is acknowledged only
 after `runtime.receive` stored it; answers come back through `split`/`send`, which wake the
 conversation's open pages so they read the new entries from the tape. While the model
-writes, a `WebStream` shows the answer so far on those pages (`stream.py`).
+writes, a `WebStream` shows the answer so far on those pages (`stream.py`). With several
+replicas, the `Relay` tells the others' pages too (`relay.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from channels.base import DeliveryError, RuntimeLike
 from .auth import Access, secure
 from .chat import ChatRoutes
 from .hub import Hub
+from .relay import Relay
 from .stream import WebStream
 from .viewer import ViewerRoutes
 
@@ -57,6 +59,7 @@ class WebChannel:
         self.token = token or secrets.token_urlsafe(32)
         self.access = Access(self.token)
         self.hub = Hub()
+        self.relay = Relay(self.hub)
         self.runtime: WebRuntime | None = None
         self.chat = ChatRoutes(self)
         self.viewer = ViewerRoutes(self) if settings.web_viewer else None
@@ -75,6 +78,7 @@ class WebChannel:
     async def start(self, runtime: RuntimeLike) -> None:
         self.runtime = runtime  # type: ignore[assignment]
         self.hub.closed = False
+        self.relay.start(runtime)
 
     async def stop(self) -> None:
         self.hub.close()
@@ -116,10 +120,21 @@ class WebChannel:
         if not isinstance(conversation, str) or not conversation:
             raise DeliveryError("the reply target names no web conversation")
         self.hub.notify(conversation)
+        await self.relay.changed(conversation)
         return []
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.hub.working(str(target.get("conversation", "")))
+        return self._working(str(target.get("conversation", "")))
+
+    @contextlib.asynccontextmanager
+    async def _working(self, conversation: str) -> AsyncIterator[None]:
+        """The working indicator on this replica's pages and, told, on the others'."""
+        if not conversation:
+            async with self.hub.working(conversation):
+                yield
+            return
+        async with self.relay.working(conversation), self.hub.working(conversation):
+            yield
 
     def announce(self, base_url: str) -> str:
         """The line `serve` prints once it listens: where to open the chat."""
@@ -134,7 +149,7 @@ class WebChannel:
         conversation = target.get("conversation")
         if not isinstance(conversation, str) or not conversation:
             return None
-        return WebStream(self.hub, conversation)
+        return WebStream(self.hub, conversation, self.relay)
 
     # -- static files --------------------------------------------------------------------------
     async def static(self, request: web.Request) -> web.StreamResponse:

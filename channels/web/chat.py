@@ -190,6 +190,8 @@ class ChatRoutes:
             log.error("web.receive failed session=web:%s: %s", conversation, exc)
             return _error(503, "the message could not be stored; please send it again")
         self.channel.hub.notify(conversation)
+        if received.new:
+            await self.channel.relay.changed(conversation)  # pages on other replicas
         return web.json_response(
             {"stored": True, "duplicate": received.duplicate, "entry_id": received.entry_id},
             status=202 if received.new else 200,
@@ -257,7 +259,7 @@ class ChatRoutes:
                         await asyncio.wait_for(sub.wake.wait(), KEEPALIVE_SECONDS)
                     except TimeoutError:
                         # Keeps proxies from closing an idle stream, finds a gone client, and
-                        # picks up writes this process was not told about.
+                        # picks up writes nobody told this process about (a lost broadcast).
                         idle = True
                         await response.write(b": keepalive\n\n")
                     sub.wake.clear()

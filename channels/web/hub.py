@@ -3,17 +3,24 @@
 The tape is the record; the hub only wakes the open event streams of a conversation when
 something happened (a message stored, an answer delivered, a turn started or ended), so
 they read the new entries. `show` hands them the newest state of an answer still being
-written (`stream.Partial`, never on the tape).
+written (`stream.Partial`, never on the tape). With several replicas, what another replica
+tells (`relay.py`) arrives here too: its turn's working state and partial answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 
 from .stream import CLEARED, Partial
+
+REMOTE_WORKING_SECONDS = 90.0
+"""How long "another replica runs a turn here" holds unless that replica says it again (it
+does every third of this while the turn runs): a replica that died mid-turn leaves no working
+indicator behind for longer."""
 
 
 class Subscription:
@@ -36,6 +43,8 @@ class Hub:
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._busy: dict[str, int] = {}
         self._partials: dict[str, Partial] = {}
+        self._remote: dict[str, float] = {}
+        """Conversations whose turn runs on another replica -> until when (monotonic)."""
         self.closed = False
 
     @contextlib.contextmanager
@@ -81,7 +90,30 @@ class Hub:
         return self._partials.get(conversation)
 
     def busy(self, conversation: str) -> bool:
-        return self._busy.get(conversation, 0) > 0
+        """Whether a turn runs in this conversation, here or on another replica."""
+        if self._busy.get(conversation, 0) > 0:
+            return True
+        until = self._remote.get(conversation)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        self.remote_working(conversation, False)  # its replica stopped saying so (died)
+        return False
+
+    def remote_working(self, conversation: str, working: bool) -> None:
+        """Another replica started (or still runs) a turn in this conversation, or ended it
+        (which also takes its partial answer away)."""
+        if working:
+            if len(self._remote) > 10_000:  # ends that were never heard
+                now = time.monotonic()
+                self._remote = {c: t for c, t in self._remote.items() if t > now}
+            self._remote[conversation] = time.monotonic() + REMOTE_WORKING_SECONDS
+        else:
+            self._remote.pop(conversation, None)
+            if not self._busy.get(conversation):
+                self.show(conversation, CLEARED)
+        self._poke(conversation)
 
     @contextlib.asynccontextmanager
     async def working(self, conversation: str) -> AsyncIterator[None]:

@@ -10,7 +10,9 @@ page watches. The final answer reaches the page from the tape as before (`WebCha
 and replaces the partial one.
 
 A page holds nothing that outlives the process, so `shown` stays empty: after a crash the
-resumed turn simply streams again to the pages that reconnect.
+resumed turn simply streams again to the pages that reconnect. Pages connected to other
+replicas get the states through the `Relay` (`relay.py`), the text at most every 0.3 s and
+while it is short enough for a database notice.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .render import markdown
 
 if TYPE_CHECKING:
     from .hub import Hub
+    from .relay import Relay
 
 INTERVAL = 0.1
 """Seconds between two partial updates of one conversation by default: an update is one small
@@ -32,6 +35,10 @@ RENDER_SHARE = 0.05
 """At most this share of the server's time renders one conversation's growing answer: the
 whole text is rendered again for each update (about 0.7 ms per KB), so a long answer is
 updated less often (a 20 KB one about every 0.3 s) instead of using up a core."""
+
+RELAY_INTERVAL = 0.3
+"""Seconds between two partial texts of one reply relayed to the other replicas (statuses and
+the end always go): each is a database notice every replica hears."""
 
 
 class Partial:
@@ -74,38 +81,52 @@ class WebStream:
 
     interval = INTERVAL
 
-    def __init__(self, hub: Hub, conversation: str) -> None:
+    def __init__(self, hub: Hub, conversation: str, relay: Relay | None = None) -> None:
         self.hub = hub
         self.conversation = conversation
+        self.relay = relay
+        self._told = 0.0
+        """When a partial text was last relayed to the other replicas (monotonic)."""
         self.shown: list[str | None] = []  # nothing on a page survives a restart
         self._last: tuple[str, str] = ("", "")
         self._partial = CLEARED
         self._at = 0.0
 
-    def _show(self, text: str = "", status: str = "") -> None:
+    async def _show(self, text: str = "", status: str = "") -> None:
         if (text, status) == self._last:
             return  # the same state again (e.g. a step's tools reported twice)
         self._last = (text, status)
         self._partial = Partial(text, status) if text or status else CLEARED
         self._at = time.monotonic()
         self.hub.show(self.conversation, self._partial)
+        await self._relay(throttle=bool(text))
+
+    async def _relay(self, throttle: bool = False) -> None:
+        """Hand the state to the pages on other replicas (a text at most every
+        `RELAY_INTERVAL`: the final answer follows anyway)."""
+        if self.relay is None or (throttle and self._at - self._told < RELAY_INTERVAL):
+            return
+        if await self.relay.partial(self.conversation, self._partial) and throttle:
+            self._told = self._at
 
     async def update(self, text: str) -> bool:
         if time.monotonic() - self._at < self._partial.cost / RENDER_SHARE:
             return False  # rendering the last one took long: the runtime offers it again
-        self._show(text=tidy(text))
+        await self._show(text=tidy(text))
         return True
 
     async def status(self, text: str) -> None:
-        self._show(status=text)
+        await self._show(status=text)
 
     async def reset(self) -> None:
-        self._show()
+        await self._show()
 
     async def deliver(self, index: int, piece: str) -> list[str] | None:
         return None  # the answer is on the tape: `WebChannel.send` wakes the pages
 
     async def end(self, pieces: int) -> list[str]:
         self._last = ("", "")
+        self._partial = CLEARED
         self.hub.show(self.conversation, CLEARED)
+        await self._relay()
         return []
