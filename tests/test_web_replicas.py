@@ -124,3 +124,25 @@ async def test_a_single_process_broadcasts_nothing() -> None:
     await local.broadcast("web", "anything")
     await asyncio.sleep(0)
     assert heard == []
+
+
+async def test_broadcasts_are_not_heard_by_a_listener_for_handovers_only(pg_url: str) -> None:
+    """A replica of the previous release listens on the handover channel only: broadcasts
+    (which may carry partial answers) go on a channel of their own, so during a rolling deploy
+    it neither logs them nor mistakes them for anything (found in review)."""
+    import asyncpg
+
+    async with open_store(pg_url) as store:
+        lease = store.leases("new", 15)
+        old_style = await asyncpg.connect(pg_url)
+        heard: list[str] = []
+        try:
+            await old_style.add_listener(await lease.channel(), lambda *a: heard.append(a[3]))
+            await lease.broadcast("web", '{"c": "conversation-1", "p": ["private text", ""]}')
+            await lease.release(LeaseKey("tape-y", "test:y"), handover=True)
+            await until(lambda: len(heard) == 1)
+            await asyncio.sleep(0.2)
+            assert len(heard) == 1 and "private text" not in heard[0]
+        finally:
+            await old_style.close()
+            await lease.close()

@@ -13,9 +13,10 @@ One row per held lease: (key, session_id, owner, expires). Every time is the dat
 - lapsed: session rows past their expiry, oldest first, bounded; next_lapse: when the next
   one will be, so the sweep looks right then instead of up to a third of a lease later.
 
-Broadcasts (`broadcast`/`subscribe`) share the channel: a notice `broadcast <owner> <topic>`,
-a newline, then the data as is (no JSON around it, so its size is exactly known); a handover
-notice is a JSON object.
+Broadcasts (`broadcast`/`subscribe`) go on a channel of their own (the handover channel's name
+plus `_b`, so a replica of an older release, listening for handovers only, never hears them
+during a rolling deploy): a notice `broadcast <owner> <topic>`, a newline, then the data as is
+(no JSON around it, so its size is exactly known); a handover notice is a JSON object.
 
 NOTIFY channels are per database, not per schema: the channel name carries the schema, so
 two bub-bots sharing a database in different schemas never hear each other. The listener has
@@ -118,6 +119,10 @@ class PostgresLeases:
             )
         return self._channel
 
+    async def broadcast_channel(self) -> str:
+        """The NOTIFY channel of this schema's broadcasts (see the module docstring)."""
+        return f"{await self.channel()}_b"
+
     # -- leases -------------------------------------------------------------------------------
     async def acquire(self, key: LeaseKey) -> bool:
         async with self.pool.acquire() as conn:
@@ -190,6 +195,7 @@ class PostgresLeases:
         conn = await self._connect()
         try:
             await conn.add_listener(await self.channel(), self._notified)
+            await conn.add_listener(await self.broadcast_channel(), self._notified)
         except BaseException:
             await _close(conn)
             raise
@@ -204,7 +210,7 @@ class PostgresLeases:
         if "\x00" in data or len(topic.encode()) + len(data.encode()) > MAX_BROADCAST:
             raise ValueError(f"broadcast data for {topic} is too long or holds NUL")
         payload = f"{BROADCAST}{self.owner} {topic}\n{data}"
-        channel = await self.channel()
+        channel = await self.broadcast_channel()
         async with self.pool.acquire() as conn:
             await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
 
@@ -231,7 +237,8 @@ class PostgresLeases:
             key = LeaseKey(str(data["key"]), str(data.get("session") or ""))
             sender = data.get("from")
         except (ValueError, KeyError, TypeError):
-            log.warning("leases.notice unreadable: %.200s", payload)
+            # Not its text: a newer release's notice may carry conversation content.
+            log.warning("leases.notice unreadable (%d bytes)", len(payload))
             return
         if sender == self.owner or self._on_handover is None:
             return

@@ -43,8 +43,8 @@ class Hub:
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._busy: dict[str, int] = {}
         self._partials: dict[str, Partial] = {}
-        self._remote: dict[str, float] = {}
-        """Conversations whose turn runs on another replica -> until when (monotonic)."""
+        self._remote: dict[str, tuple[str | None, float]] = {}
+        """Conversations whose turn runs on another replica -> (that turn, until when)."""
         self.closed = False
 
     @contextlib.contextmanager
@@ -93,23 +93,27 @@ class Hub:
         """Whether a turn runs in this conversation, here or on another replica."""
         if self._busy.get(conversation, 0) > 0:
             return True
-        until = self._remote.get(conversation)
-        if until is None:
+        remote = self._remote.get(conversation)
+        if remote is None:
             return False
-        if until > time.monotonic():
+        if remote[1] > time.monotonic():
             return True
         self.remote_working(conversation, False)  # its replica stopped saying so (died)
         return False
 
-    def remote_working(self, conversation: str, working: bool) -> None:
-        """Another replica started (or still runs) a turn in this conversation, or ended it
-        (which also takes its partial answer away)."""
+    def remote_working(self, conversation: str, working: bool, turn: str | None = None) -> None:
+        """Another replica started (or still runs) turn `turn` in this conversation, or ended
+        it (which also takes its partial answer away). The end of another turn than the one
+        running is late news (its replica lost the session) and changes nothing."""
+        current = self._remote.get(conversation)
         if working:
             if len(self._remote) > 10_000:  # ends that were never heard
                 now = time.monotonic()
-                self._remote = {c: t for c, t in self._remote.items() if t > now}
-            self._remote[conversation] = time.monotonic() + REMOTE_WORKING_SECONDS
+                self._remote = {c: r for c, r in self._remote.items() if r[1] > now}
+            self._remote[conversation] = (turn, time.monotonic() + REMOTE_WORKING_SECONDS)
         else:
+            if current is not None and turn is not None and current[0] not in (None, turn):
+                return
             self._remote.pop(conversation, None)
             if not self._busy.get(conversation):
                 self.show(conversation, CLEARED)
@@ -117,7 +121,10 @@ class Hub:
 
     @contextlib.asynccontextmanager
     async def working(self, conversation: str) -> AsyncIterator[None]:
-        """The page's working indicator, on while the block runs."""
+        """The page's working indicator, on while the block runs. A turn here means no other
+        replica runs one (one turn per conversation across replicas): a remote turn whose end
+        was never heard (its replica died) is over."""
+        self._remote.pop(conversation, None)
         self._busy[conversation] = self._busy.get(conversation, 0) + 1
         self._poke(conversation)
         try:
@@ -128,6 +135,7 @@ class Hub:
                 self._busy[conversation] = left
             else:
                 self._busy.pop(conversation, None)
+                self._remote.pop(conversation, None)
                 # A turn that ended without a final delivery leaves no partial answer behind.
                 self.show(conversation, CLEARED)
             self._poke(conversation)

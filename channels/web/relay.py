@@ -7,8 +7,10 @@ broadcasts (`RuntimeLike.broadcast`, topic `web`) carry short JSON messages:
 
 - `{"c": id}`: the conversation's tape changed (a message stored, an answer delivered): pages
   read the tape again.
-- `{"c": id, "w": true|false}`: a turn started (and is still running: repeated every
-  `REFRESH_SECONDS`) or ended; pages read the tape too.
+- `{"c": id, "w": true|false, "t": turn}`: a turn started (and is still running: repeated
+  every `REFRESH_SECONDS`) or ended; pages read the tape too. `turn` names the turn, so the
+  late "ended" of a replica that lost the session never clears the turn of the one that took
+  it over.
 - `{"c": id, "p": [text, status]}`: the answer being written (`stream.Partial`), while its
   text fits in `PARTIAL_BYTES` (at most every `stream.RELAY_INTERVAL`); a longer one is not
   relayed and the final answer replaces the last one that was.
@@ -23,6 +25,7 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -86,20 +89,21 @@ class Relay:
     @contextlib.asynccontextmanager
     async def working(self, conversation: str) -> AsyncIterator[None]:
         """A turn runs here: say so now, again every `REFRESH_SECONDS`, and when it ends."""
-        await self._tell({"c": conversation, "w": True})
-        refresh = asyncio.get_running_loop().create_task(self._refresh(conversation))
+        turn = uuid.uuid4().hex[:12]
+        await self._tell({"c": conversation, "w": True, "t": turn})
+        refresh = asyncio.get_running_loop().create_task(self._refresh(conversation, turn))
         try:
             yield
         finally:
             refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresh
-            await self._tell({"c": conversation, "w": False})
+            await self._tell({"c": conversation, "w": False, "t": turn})
 
-    async def _refresh(self, conversation: str) -> None:
+    async def _refresh(self, conversation: str, turn: str) -> None:
         while True:
             await asyncio.sleep(REFRESH_SECONDS)
-            await self._tell({"c": conversation, "w": True})
+            await self._tell({"c": conversation, "w": True, "t": turn})
 
     def heard(self, data: str) -> None:
         """Another replica's message: wake this conversation's pages here."""
@@ -109,6 +113,9 @@ class Relay:
             if not isinstance(conversation, str) or not _CONVERSATION.fullmatch(conversation):
                 raise ValueError("no conversation id")
             working = message.get("w")
+            turn = message.get("t")
+            if turn is not None and not isinstance(turn, str):
+                raise ValueError("a turn that is not text")
             partial = message.get("p")
             if partial is not None:
                 text, status = partial
@@ -121,5 +128,5 @@ class Relay:
             self.hub.show(conversation, Partial(text, status) if text or status else CLEARED)
             return
         if isinstance(working, bool):
-            self.hub.remote_working(conversation, working)
+            self.hub.remote_working(conversation, working, turn)
         self.hub.notify(conversation)

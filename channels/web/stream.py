@@ -17,6 +17,7 @@ while it is short enough for a database notice.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,9 @@ class WebStream:
         self._last: tuple[str, str] = ("", "")
         self._partial = CLEARED
         self._at = 0.0
+        self._trailing: asyncio.Task[None] | None = None
+        """Relays the newest text once the interval is over (a throttled text is late, never
+        lost)."""
 
     async def _show(self, text: str = "", status: str = "") -> None:
         if (text, status) == self._last:
@@ -104,10 +108,22 @@ class WebStream:
     async def _relay(self, throttle: bool = False) -> None:
         """Hand the state to the pages on other replicas (a text at most every
         `RELAY_INTERVAL`: the final answer follows anyway)."""
-        if self.relay is None or (throttle and self._at - self._told < RELAY_INTERVAL):
+        if self.relay is None:
+            return
+        if throttle and self._at - self._told < RELAY_INTERVAL:
+            if self._trailing is None or self._trailing.done():
+                wait = RELAY_INTERVAL - (self._at - self._told)
+                self._trailing = asyncio.get_running_loop().create_task(self._relay_later(wait))
             return
         if await self.relay.partial(self.conversation, self._partial) and throttle:
             self._told = self._at
+
+    async def _relay_later(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        if self.relay is None or not self.hub.busy(self.conversation):
+            return  # the turn is over here: its end was relayed, a late text would linger
+        if await self.relay.partial(self.conversation, self._partial):
+            self._told = time.monotonic()
 
     async def update(self, text: str) -> bool:
         if time.monotonic() - self._at < self._partial.cost / RENDER_SHARE:
@@ -125,6 +141,8 @@ class WebStream:
         return None  # the answer is on the tape: `WebChannel.send` wakes the pages
 
     async def end(self, pieces: int) -> list[str]:
+        if self._trailing is not None:
+            self._trailing.cancel()
         self._last = ("", "")
         self._partial = CLEARED
         self.hub.show(self.conversation, CLEARED)
