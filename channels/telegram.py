@@ -38,8 +38,6 @@ from aiogram.exceptions import (
     AiogramError,
     TelegramAPIError,
     TelegramBadRequest,
-    TelegramConflictError,
-    TelegramRetryAfter,
     TelegramUnauthorizedError,
 )
 from aiogram.types import BotCommand, Message, Update
@@ -51,12 +49,12 @@ from bub_bot.config import ConfigError, Settings
 from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
 from .telegram_content import MessageReader, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
+from .telegram_polling import ALLOWED_UPDATES, Poller
 from .telegram_stream import Drafts, TelegramStream
-from .telegram_updates import Malformed, RawGetUpdates, parse_body, read_update, update_id
+from .telegram_updates import Malformed, parse_body, read_update
 
 log = logging.getLogger("channels.telegram")
 
-ALLOWED_UPDATES = ["message"]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 HINT_INTERVAL = 3600.0
@@ -102,7 +100,6 @@ class TelegramChannel:
         self._stopped = False
         self._inflight = 0
         self._closing: asyncio.Future[None] | None = None
-        self._offset: int | None = None
         self._migrated: dict[int, int] = {}
         self.reader = MessageReader(settings.telegram_max_image_bytes, self._api, self._scrub)
         self._background: set[asyncio.Task[None]] = set()
@@ -164,7 +161,18 @@ class TelegramChannel:
         else:
             # A webhook left over from webhook mode would make getUpdates fail; keep its backlog.
             await self._bot.delete_webhook(drop_pending_updates=False)
-            self._poller = asyncio.create_task(self._poll_as_leader(), name="telegram-poll")
+            poller = Poller(
+                self._bot,
+                runtime,
+                self.bot_id,
+                self._stopping,
+                self._handle,
+                self._malformed,
+                self._scrub,
+                self.poll_timeout,
+                self.retry_base,
+            )
+            self._poller = asyncio.create_task(poller.run(), name="telegram-poll")
             log.info("telegram.started mode=polling bot=@%s", self.username)
 
     async def stop(self) -> None:
@@ -223,150 +231,6 @@ class TelegramChannel:
             self._closing = asyncio.ensure_future(self._bot.session.close())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._closing)
-
-    # -- polling -------------------------------------------------------------------------------
-    async def _wait(self, seconds: float) -> bool:
-        """Sleep unless stopping; True when stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        return self._stopping.is_set()
-
-    async def _poll_as_leader(self) -> None:
-        """Long polling on one replica at a time: with several replicas on one database the
-        poller holds a job lease (`telegram:poller:<bot id>`); the others stand by and one
-        takes over when the leader stops or dies. A single process always leads. The offset
-        is confirmed before the lead is handed over, so the next leader starts after it."""
-        assert self._runtime is not None
-        leader = getattr(self._runtime, "leader", None)
-        if leader is None:  # a stand-in runtime without leases (benchmarks): poll alone
-            await self._poll_loop()
-            await self._confirm_offset()
-            return
-        lead = leader(f"telegram:poller:{self.bot_id}")
-        while not self._stopping.is_set():
-            entering = asyncio.ensure_future(lead.__aenter__())
-            if not await self._unless_stopping(entering):
-                return
-            try:
-                await self._poll_loop(lead.lost)
-                if not lead.lost.is_set():
-                    await self._confirm_offset()
-            finally:
-                await lead.__aexit__(None, None, None)
-            if lead.lost.is_set() and not self._stopping.is_set():
-                log.warning("telegram.poll another replica took over polling; standing by")
-
-    async def _unless_stopping(self, task: asyncio.Future[Any]) -> bool:
-        """Wait for `task`; if `stop()` comes first, cancel it and return False."""
-        stop = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if task.done():
-            task.result()
-            return True
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        return False
-
-    async def _get_updates(self, lost: asyncio.Event | None = None) -> list[Any] | None:
-        """One long poll (the updates as JSON values); None when `stop()` interrupted it or
-        the polling lead was `lost`."""
-        assert self._bot is not None
-        method = RawGetUpdates(
-            offset=self._offset, timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
-        )
-        poll = asyncio.ensure_future(self._bot(method, request_timeout=self.poll_timeout + 15))
-        waits = {asyncio.ensure_future(self._stopping.wait())}
-        if lost is not None:
-            waits.add(asyncio.ensure_future(lost.wait()))
-        try:
-            await asyncio.wait({poll, *waits}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        if not poll.done():
-            poll.cancel()
-            with contextlib.suppress(BaseException):
-                await poll
-            return None
-        return poll.result()
-
-    async def _poll_loop(self, lost: asyncio.Event | None = None) -> None:
-        """Poll until `stop()` or until the polling lead is `lost`."""
-        failures = 0
-        while not self._stopping.is_set() and not (lost is not None and lost.is_set()):
-            delay = min(self.retry_base * 2**failures, 30.0)
-            try:
-                updates = await self._get_updates(lost)
-            except TelegramConflictError as exc:
-                failures += 1
-                log.warning(
-                    "telegram.poll conflict (another instance polling, or a webhook is set);"
-                    " retrying in %.1fs: %s",
-                    delay,
-                    exc.message,
-                )
-                await self._wait(delay)
-                continue
-            except TelegramRetryAfter as exc:
-                log.warning("telegram.poll flood control: waiting %ss", exc.retry_after)
-                await self._wait(exc.retry_after)
-                continue
-            except TelegramUnauthorizedError:
-                failures += 1
-                log.error("telegram.poll the Bot API rejects BUB_TELEGRAM_TOKEN (401); retrying")
-                await self._wait(max(delay, 30.0))
-                continue
-            except Exception as exc:
-                failures += 1
-                log.warning("telegram.poll failed; retrying in %.1fs: %s", delay, self._scrub(exc))
-                await self._wait(delay)
-                continue
-            if updates is None:
-                return
-            failures = 0
-            for raw in updates:
-                uid = update_id(raw)
-                if uid is not None and self._offset is not None and uid < self._offset:
-                    continue
-                try:
-                    update = read_update(raw, self._bot)
-                except Malformed as exc:
-                    self._malformed(exc, "polling")
-                    if uid is not None:
-                        self._offset = uid + 1  # confirmed: Telegram need not send it again
-                    continue
-                while True:
-                    try:
-                        await self._handle(update)
-                        break
-                    except Exception as exc:
-                        # Not stored: do not confirm it; try again (the store may recover).
-                        failures += 1
-                        delay = min(self.retry_base * 2**failures, 30.0)
-                        log.error(
-                            "telegram.receive failed update=%d; retrying in %.1fs: %s",
-                            update.update_id,
-                            delay,
-                            self._scrub(exc),
-                        )
-                        if await self._wait(delay):
-                            return
-                failures = 0
-                self._offset = update.update_id + 1
-
-    async def _confirm_offset(self) -> None:
-        """Tell Telegram about the updates handled since the last poll (saves re-deliveries)."""
-        if self._offset is None or self._bot is None:
-            return
-        with contextlib.suppress(Exception):
-            await self._bot.get_updates(
-                offset=self._offset, limit=1, timeout=0, allowed_updates=ALLOWED_UPDATES,
-                request_timeout=5,
-            )  # fmt: skip
 
     # -- webhook -------------------------------------------------------------------------------
     async def _webhook(self, request: web.Request) -> web.StreamResponse:
