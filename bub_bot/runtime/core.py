@@ -99,23 +99,13 @@ class Runtime:
         was tried, see leases.py); a re-delivery returns `Received(new=False)` and changes
         nothing.
         """
-        moved_to = await self.placement.moved_to(
-            inbound.session_id,
-            await self.placement.workspace_for(inbound.session_id, inbound.workspace),
-        )
-        if moved_to is not None:
-            inbound = dataclasses.replace(inbound, session_id=moved_to)
-        workspace = await self.placement.workspace_for(inbound.session_id, inbound.workspace)
-        if workspace != inbound.workspace:
-            inbound = dataclasses.replace(inbound, workspace=workspace)
+        session_id, workspace = await self.placement.locate(inbound.session_id, inbound.workspace)
+        if (session_id, workspace) != (inbound.session_id, inbound.workspace):
+            inbound = dataclasses.replace(inbound, session_id=session_id, workspace=workspace)
         # Only look the session up here: a duplicate must not leave a Session behind.
         known = self._sessions.get(inbound.session_id)
         tape = (
-            known.tape
-            if known is not None
-            else Tape.for_session(
-                self.store, inbound.session_id, inbound.workspace or self.settings.workspace
-            )
+            known.tape if known is not None else Tape.for_session(self.store, session_id, workspace)
         )
         command = commands.parse(inbound.text, inbound.bot_names)
         meta: dict[str, Any] = {
@@ -128,9 +118,8 @@ class Runtime:
         }
         if inbound.meta:
             meta["platform"] = inbound.meta
-        sent_at = getattr(inbound, "sent_at", None)
-        if sent_at is not None:
-            meta["sent_at"] = sent_at
+        if inbound.sent_at is not None:
+            meta["sent_at"] = inbound.sent_at
         if command is not None:
             data = {**command.to_json(), "text": inbound.text, "bot_names": list(inbound.bot_names)}
             entry = TapeEntry.event("command", data, **meta)
@@ -146,7 +135,7 @@ class Runtime:
             tape.name,
             [entry],
             dedupe_keys=keys,
-            bootstrap=Tape.bootstrap_anchor(inbound.workspace or self.settings.workspace),
+            bootstrap=Tape.bootstrap_anchor(workspace),
             session_id=inbound.session_id,
         )
         self.last_inbound[inbound.channel] = time.monotonic()

@@ -28,13 +28,21 @@ class Placement:
         self._moved: dict[str, str | None] = {}
         """Session ids that continue another session's tape (`move`); None: not."""
 
+    async def locate(
+        self, session_id: str, given: Path | None = None, *, assign: bool = True
+    ) -> tuple[str, Path]:
+        """Where messages for `session_id` go: the session whose tape it continues (itself, or
+        the one it was moved to) and that session's workspace (`workspace_for`)."""
+        workspace = await self.workspace_for(session_id, given, assign=assign)
+        moved = await self.moved_to(session_id, workspace)
+        if moved is None:
+            return session_id, workspace
+        return moved, await self.workspace_for(moved, given, assign=assign)
+
     async def session_tape(self, session_id: str, workspace: Path | None = None) -> Tape:
         """The tape `receive` stores this session's messages on. Only looks: a session not
         seen yet gets no workspace decided or directory created."""
-        workspace = await self.workspace_for(session_id, workspace, assign=False)
-        moved = await self.moved_to(session_id, workspace)
-        if moved is not None:
-            session_id, workspace = moved, await self.workspace_for(moved, None, assign=False)
+        session_id, workspace = await self.locate(session_id, workspace, assign=False)
         return Tape.for_session(self.store, session_id, workspace)
 
     async def workspace_for(
