@@ -20,7 +20,15 @@ from ..config import Settings
 from ..tape import Tape, TapeEntry, TapeStore
 from .command_runner import CommandRunner
 from .delivery import Delivery
-from .facts import DONE, age_seconds, covered, is_pending, unhandled_replies
+from .facts import (
+    DONE,
+    age_seconds,
+    channel_of,
+    covered,
+    head_through,
+    is_pending,
+    unhandled_replies,
+)
 from .leases import Leadership, LeaseKeeper, LeaseKey, Leases, LocalLeases
 from .placement import Placement
 from .session import Session
@@ -384,7 +392,7 @@ class Runtime:
     def _serves(self, items: list[TapeEntry]) -> bool:
         """Whether this process runs the channel the session's work is for (as `resume`
         decides): a session adopted by its lease alone may belong to `bub-bot run`."""
-        channel = next((e.meta["channel"] for e in reversed(items) if e.meta.get("channel")), None)
+        channel = channel_of(items)
         return channel is None or channel in self.channels
 
     def _adopt(self, key: LeaseKey, how: str = "handover") -> None:
@@ -461,14 +469,8 @@ class Runtime:
     async def _give_up(self, session: Session, pending: list[TapeEntry], exc: Exception) -> None:
         """Close the head of `pending` (a command, or the messages before the first command)
         after an unexpected failure: an `error` entry, a short note to the user, done."""
-        head = pending[0]
-        through = head.id
-        if head.kind != "event":
-            for entry in pending:
-                if entry.kind == "event":
-                    break
-                through = entry.id
-        log.exception("session.failed session=%s entry=%d", session.id, head.id)
+        through = head_through(pending)
+        log.exception("session.failed session=%s entry=%d", session.id, pending[0].id)
         written = await session.tape.append_many(
             [
                 TapeEntry.error("runtime", f"{type(exc).__name__}: {exc}"),
@@ -528,12 +530,8 @@ class Runtime:
             pending = [e for e in items if is_pending(e)]
             if not pending and not unhandled_replies(items):
                 continue
-            # The channel of the newest entry that names one (an unanswered reply's message, or
-            # the /reset reply); a session whose channel is not running now stays as it is.
-            channel = next(
-                (e.meta["channel"] for e in reversed(items) if e.meta.get("channel")), None
-            )
-            if channel not in self.channels:
+            # A session whose channel is not running now stays as it is.
+            if channel_of(items) not in self.channels:
                 continue
             session = self._sessions.get(summary.session_id)
             if session is None:

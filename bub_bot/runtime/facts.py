@@ -76,6 +76,28 @@ def covered(pending: list[TapeEntry], reply: TapeEntry, seen: int | None = None)
     return through
 
 
+def head_through(pending: list[TapeEntry]) -> int:
+    """The newest inbound id the head of `pending` stands for: a command alone, or the
+    messages before the first command (what one turn takes); 0 when nothing is pending."""
+    if not pending:
+        return 0
+    head = pending[0]
+    if head.kind == "event":
+        return head.id
+    through = head.id
+    for entry in pending:
+        if entry.kind == "event":
+            break
+        through = entry.id
+    return through
+
+
+def channel_of(items: list[TapeEntry]) -> str | None:
+    """The channel of the newest entry that names one (an inbound message, or a reply that
+    carries its own target like the /reset reply)."""
+    return next((e.meta["channel"] for e in reversed(items) if e.meta.get("channel")), None)
+
+
 def age_seconds(entry: TapeEntry) -> float:
     """How old an inbound entry is: by the platform's message time when the channel gave
     one (a backlog delivered after downtime is old), else by when it was stored."""

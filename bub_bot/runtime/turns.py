@@ -16,7 +16,7 @@ from ..agent import Agent, Progress
 from ..config import Settings
 from ..tape import TapeEntry, TapeStore
 from .delivery import Delivery
-from .facts import covered, is_pending
+from .facts import covered, head_through, is_pending
 from .session import Session
 from .streaming import TurnStream, open_stream
 
@@ -115,7 +115,7 @@ class TurnRunner:
                 after_id=session.cursor or 0, kinds=["message", "event"]
             )
             if reply is None:
-                through = covered([e for e in items if is_pending(e)], TapeEntry.system(""))
+                through = head_through([e for e in items if is_pending(e)])
                 await self.delivery.mark_done(session, through)
                 return
             pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
