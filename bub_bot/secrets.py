@@ -56,9 +56,10 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str]) -> None:
         # Longest first, so a secret that contains another one is replaced whole.
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-        self._pattern = (
+        self.pattern = (
             re.compile("|".join(re.escape(s) for s in self.secrets)) if self.secrets else None
         )
+        """The secrets as one alternation, longest first (None without secrets)."""
 
     @classmethod
     def for_settings(cls, settings: BaseModel) -> Scrubber:
@@ -66,13 +67,13 @@ class Scrubber:
         return cls(secrets_of(settings))
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return self.pattern is not None
 
     def text(self, text: str) -> str:
         """`text` with every secret replaced."""
-        if self._pattern is None or not text:
+        if self.pattern is None or not text:
             return text
-        return self._pattern.sub(REDACTED, text)
+        return self.pattern.sub(REDACTED, text)
 
     @property
     def longest(self) -> int:
@@ -84,12 +85,12 @@ class Scrubber:
         least `longest - 1` characters where the text has them), with every part of a secret
         replaced, also of one that starts before the slice or ends after it: a secret split
         across two pages must not come out in two halves."""
-        if self._pattern is None or not text:
+        if self.pattern is None or not text:
             return text
         start, end = len(before), len(before) + len(text)
         whole = before + text + after
         cuts = []
-        for match in self._pattern.finditer(whole):
+        for match in self.pattern.finditer(whole):
             if match.end() > start and match.start() < end:
                 cuts.append((max(match.start(), start) - start, min(match.end(), end) - start))
         for lo, hi in reversed(cuts):
@@ -99,7 +100,7 @@ class Scrubber:
     def value(self, value: Any) -> Any:
         """A copy of a JSON-like value (str, list, dict, scalars) with secrets replaced in
         every string, keys included; unchanged values are returned as they are."""
-        if self._pattern is None:
+        if self.pattern is None:
             return value
         if isinstance(value, str):
             return self.text(value)

@@ -105,11 +105,9 @@ class ScrubbedText:
         self.text = ""
         self._longest = scrub.longest
         self._firsts = frozenset(s[0] for s in scrub.secrets)
-        # The scrubber's own pattern, built the same way (longest secret first): where its
-        # matches lie tells which positions its left-to-right pass reaches.
-        self._pattern = (
-            re.compile("|".join(re.escape(s) for s in scrub.secrets)) if scrub.secrets else None
-        )
+        # The scrubber's own pattern: where its matches lie tells which positions its
+        # left-to-right pass reaches.
+        self._pattern = scrub.pattern
 
     @property
     def held(self) -> int:
