@@ -139,12 +139,10 @@ class CommandRunner:
         if not summary:
             try:
                 context = await tape.read_messages()
-                reply = await asyncio.wait_for(
-                    self.agent.model.complete(
-                        [*context, {"role": "user", "content": SUMMARY_PROMPT}],
-                        timeout=self.settings.handoff_summary_timeout_seconds,
-                    ),
-                    self.settings.handoff_summary_timeout_seconds + 5,
+                # `timeout` bounds the whole call (the model client's own deadline).
+                reply = await self.agent.model.complete(
+                    [*context, {"role": "user", "content": SUMMARY_PROMPT}],
+                    timeout=self.settings.handoff_summary_timeout_seconds,
                 )
                 summary = (reply.content or "").strip()
             except (TimeoutError, ModelError) as exc:
