@@ -33,7 +33,7 @@ class Delivery:
         self,
         channels: dict[str, Channel],
         emit: Callable[..., None],
-        settings: Settings | None = None,
+        settings: Settings,
     ) -> None:
         self.channels = channels
         self._emit = emit
@@ -188,7 +188,7 @@ class Delivery:
         found = await session.tape.query(
             after_id=session.cursor or 0, kinds=["event"], names=STREAM_EVENTS
         )
-        if self.settings is None or not leftover(found):
+        if not leftover(found):
             return None
         return open_stream(channel, target, self.settings, found)
 
