@@ -19,7 +19,7 @@ from channels.base import Channel, DeliveryError, DeliveryUnknown, ReplyStream, 
 
 from ..config import Settings
 from ..tape import TapeEntry
-from .facts import DONE, REPLY_SENT, reply_text
+from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN, reply_text
 from .session import Session
 from .streaming import STREAM_EVENTS, closed_event, leftover, open_stream
 
@@ -60,7 +60,7 @@ class Delivery:
         done: set[int] = set()
         if not fresh:
             sent = await session.tape.query(
-                after_id=reply.id, kinds=["event"], names=[REPLY_SENT, "reply.unknown"]
+                after_id=reply.id, kinds=["event"], names=[REPLY_SENT, REPLY_UNKNOWN]
             )
             done = {
                 e.payload["data"].get("chunk")
@@ -142,7 +142,7 @@ class Delivery:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
                 record = TapeEntry.event(
-                    "reply.unknown",
+                    REPLY_UNKNOWN,
                     {"reply": reply_id, "chunk": index, "error": str(exc), "ids": held},
                     context=False,
                 )

@@ -13,6 +13,8 @@ from ..tape import TapeEntry
 
 DONE = "inbound.done"
 REPLY_SENT = "reply.sent"
+REPLY_UNKNOWN = "reply.unknown"
+"""A piece the platform may or may not have posted: never sent again."""
 
 
 def is_pending(entry: TapeEntry) -> bool:

@@ -28,13 +28,13 @@ from channels.base import Channel, ReplyStream, Streams
 from ..agent import Progress
 from ..config import Settings
 from ..tape import Tape, TapeEntry
-from .facts import REPLY_SENT
+from .facts import REPLY_SENT, REPLY_UNKNOWN
 
 log = logging.getLogger("bub_bot.runtime")
 
 SHOWN = "stream.shown"
 CLOSED = "stream.closed"
-STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, "reply.unknown"]
+STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, REPLY_UNKNOWN]
 HELD_RETRY = 0.1
 """Seconds before a text the channel held back (too little to post yet) is offered again."""
 MAX_FAILURES = 3
@@ -55,7 +55,7 @@ def leftover(entries: list[TapeEntry]) -> list[str | None]:
         data = entry.payload.get("data") or {}
         if name == SHOWN:
             newest = data.get("ids")
-        elif name in (REPLY_SENT, "reply.unknown", CLOSED):
+        elif name in (REPLY_SENT, REPLY_UNKNOWN, CLOSED):
             closed.update(str(i) for i in data.get("ids") or ())
     if not isinstance(newest, list):
         return []
