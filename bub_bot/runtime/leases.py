@@ -80,7 +80,6 @@ class LeaseKeeper:
         self._tasks: list[asyncio.Task[None]] = []
         self._renewer: asyncio.Task[None] | None = None
         self._job_notices: dict[str, asyncio.Event] = {}
-        self._channels: Callable[[], Sequence[str]] | None = None
 
     @property
     def shared(self) -> bool:
@@ -169,14 +168,17 @@ class LeaseKeeper:
     ) -> asyncio.Task[None]:
         """Sweep for lapsed session leases every third of the lease (`on_lapsed` for each
         one not ours; only sessions of `channels()` when given). Returns the sweeping task."""
-        self._channels = channels
-        return self._spawn(self._sweep_loop(on_lapsed), "lease-sweep")
+        return self._spawn(self._sweep_loop(on_lapsed, channels), "lease-sweep")
 
-    async def _sweep_loop(self, on_lapsed: Callable[[LeaseKey], None]) -> None:
+    async def _sweep_loop(
+        self,
+        on_lapsed: Callable[[LeaseKey], None],
+        channels: Callable[[], Sequence[str]] | None,
+    ) -> None:
         wait = self.interval
         while True:
             await asyncio.sleep(wait)
-            await self.sweep(on_lapsed)
+            await self.sweep(on_lapsed, channels() if channels is not None else None)
             # Look again when the next lease of another replica would lapse (if it does not
             # get renewed, its replica died), at the latest after a third of the lease.
             wait = self.interval
@@ -189,9 +191,10 @@ class LeaseKeeper:
             if left is not None:
                 wait = min(wait, max(left, 0.0) + 0.1)
 
-    async def sweep(self, on_lapsed: Callable[[LeaseKey], None]) -> None:
+    async def sweep(
+        self, on_lapsed: Callable[[LeaseKey], None], channels: Sequence[str] | None = None
+    ) -> None:
         try:
-            channels = self._channels() if self._channels is not None else None
             found = await self.leases.lapsed(channels=channels)
         except asyncio.CancelledError:
             raise
