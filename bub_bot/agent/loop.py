@@ -17,7 +17,7 @@ from ..tape.context import Selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
-from .streaming import Progress, ProgressCallback
+from .streaming import Progress, ProgressCallback, tell
 from .tools import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ class Agent:
 
             if progress is not None:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
-                _tell(progress, Progress("tools", tools=names))
+                tell(progress, Progress("tools", tools=names))
             step_entries = await self._run_tools(ctx, tape, reply)
             step_entries.append(run_event)
             step_entries.append(
@@ -345,14 +345,6 @@ async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
             continue
         copies.append(entry.copy_after_anchor())
     return copies
-
-
-def _tell(progress: ProgressCallback, event: Progress) -> None:
-    """Report progress; a watcher's failure never touches the turn."""
-    try:
-        progress(event)
-    except Exception:
-        log.exception("progress watcher failed")
 
 
 def _utf8_ok(text: str) -> bool:

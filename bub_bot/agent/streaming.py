@@ -46,6 +46,14 @@ ProgressCallback = Callable[[Progress], None]
 """Called synchronously for every change; must be cheap (it runs once per delta)."""
 
 
+def tell(callback: ProgressCallback, progress: Progress) -> None:
+    """Report progress; a watcher's failure never breaks the step (it is logged)."""
+    try:
+        callback(progress)
+    except Exception:
+        log.exception("progress watcher failed")
+
+
 class Watch:
     """The step's progress callback, remembering whether something shown waits to be
     taken back (a step cut off by its deadline then says `reset`)."""
@@ -62,10 +70,7 @@ class Watch:
 
     def reset(self) -> None:
         """Take back what was shown; a watcher's failure does not hide the step's error."""
-        try:
-            self(Progress("reset"))
-        except Exception:
-            log.exception("progress watcher failed")
+        tell(self, Progress("reset"))
 
 
 class StreamBroken(Exception):
@@ -283,10 +288,7 @@ class Assembler:
 
     def _report(self, progress: Progress) -> None:
         self.shown = True
-        try:
-            self.on_progress(progress)
-        except Exception:  # a watcher's failure never breaks the answer
-            log.exception("progress watcher failed")
+        tell(self.on_progress, progress)
 
     def result(self) -> Assembled:
         """The completion's parts; raises StreamBroken when the stream never finished."""
