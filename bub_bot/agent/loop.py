@@ -117,19 +117,18 @@ class Agent:
             entries = visible(raw)
             if entry_filter is not None:
                 entries = entry_filter(entries)
+            tools = self.tools.visible(workspace)
             messages = [
                 {
                     "role": "system",
                     "content": self.scrub.text(
-                        build_system_prompt(
-                            self.settings.system_prompt, workspace, self.tools.visible(workspace)
-                        )
+                        build_system_prompt(self.settings.system_prompt, workspace, tools)
                     ),
                 },
                 *selector(entries),
             ]
             try:
-                schemas = self.tools.schemas(workspace)
+                schemas = [t.schema() for t in tools]
                 if progress is None:
                     reply = await self.model.complete(messages, schemas)
                 else:
