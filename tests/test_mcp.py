@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from bub_bot.config import Settings
 from bub_bot.server import Bot, BotServer
 from bub_bot.tape import Tape
 from channels.cli import CliChannel
+from tests import runtime_channel
 from tests.fakes.openai_server import FakeOpenAI, text, tool_calls
 from tests.mcp_servers.http_server import serve_http
 from tests.mcp_servers.tools_server import big_text
@@ -40,13 +42,7 @@ def write_config(tmp_path: Path, servers: dict[str, Any]) -> Path:
     return path
 
 
-async def until(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Poll `check` (the servers run in the background) until it holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+until = partial(runtime_channel.until, timeout=15.0)  # the servers run in the background
 
 
 async def say(bot: Bot, channel: CliChannel, message: str, session: str = "mcp") -> str:

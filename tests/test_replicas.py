@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
 from tests.pg import PostgresCluster, free_port
+from tests.runtime_channel import until
 from tests.serve_process import wait_ready
 
 TOKEN = "123456:REPLICA-secret_token"
@@ -137,12 +139,7 @@ def webhook(**env: str) -> dict[str, str]:
     return {"BUB_TELEGRAM_WEBHOOK_URL": HOOK, "BUB_TELEGRAM_WEBHOOK_SECRET": SECRET, **env}
 
 
-async def wait_until(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+wait_until = partial(until, timeout=15.0)
 
 
 _update_ids = iter(range(1000, 10**9))

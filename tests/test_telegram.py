@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -20,7 +20,7 @@ from channels.telegram_format import utf16_len
 from tests.channel_harness import StoredTapes
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
-from tests.runtime_channel import inbound_users
+from tests.runtime_channel import inbound_users, until
 
 TOKEN = "123:ABC"
 BOT = "bub_test_bot"
@@ -29,12 +29,7 @@ GROUP = -100555
 SECRET = "s3cret_token-1"
 
 
-async def wait_until(check: Callable[[], bool], timeout: float = 8.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+wait_until = partial(until, timeout=8.0)
 
 
 @dataclass

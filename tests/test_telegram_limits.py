@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from channels.telegram import TelegramChannel
 from channels.telegram_outbox import MAX_RETRY_AFTER
 from tests.fakes.openai_server import FakeOpenAI, Reply, echo_default, text
 from tests.fakes.telegram_api import FakeTelegram, FloodControl
+from tests.runtime_channel import until
 
 TOKEN = "123:ABC"
 BOT = "bub_test_bot"
@@ -52,12 +53,7 @@ def answer(body: dict[str, Any]) -> Reply:
     return echo_default(body)
 
 
-async def wait_until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+wait_until = partial(until, timeout=30.0)
 
 
 @dataclass

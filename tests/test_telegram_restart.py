@@ -10,8 +10,8 @@ import shlex
 import signal
 import socket
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +19,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
+from tests.runtime_channel import until
 from tests.serve_process import wait_ready
 
 SECRET_HALF = "SECRET-token_value"
@@ -32,12 +33,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def wait_until(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+wait_until = partial(until, timeout=15.0)
 
 
 PROCFILE = Path(__file__).resolve().parents[1] / "Procfile"
