@@ -129,10 +129,7 @@ class Agent:
             ]
             try:
                 schemas = [t.schema() for t in tools]
-                if progress is None:
-                    reply = await self.model.complete(messages, schemas)
-                else:
-                    reply = await self.model.complete(messages, schemas, on_progress=progress)
+                reply = await self.model.complete(messages, schemas, on_progress=progress)
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
