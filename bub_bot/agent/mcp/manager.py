@@ -214,7 +214,7 @@ class McpManager:
 
     # -- the registry's view ------------------------------------------------------------------
     def _connection_tools(self, connection: McpConnection) -> list[McpTool]:
-        key = (connection.name, connection.cwd if connection.config.transport == "stdio" else None)
+        key = self._key(connection.config, connection.cwd)
         built = self._tools.get(key)
         if built is None or [t.remote for t in built] != [r.name for r in connection.tools]:
             built = [_make_tool(connection, remote) for remote in connection.tools]
