@@ -66,12 +66,7 @@ log = logging.getLogger(__name__)
 
 
 class _Fallback(Exception):
-    """A streamed request did not give an answer: ask once more without streaming.
-    `shown`: progress was reported, so the watcher must be told to reset."""
-
-    def __init__(self, reason: str, *, shown: bool) -> None:
-        super().__init__(reason)
-        self.shown = shown
+    """A streamed request did not give an answer: ask once more without streaming."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +160,7 @@ class ModelClient:
                         log.warning(
                             "model.stream_fallback base_url=%s: %s", public_url(self.base_url), exc
                         )
-                        if exc.shown:
+                        if watch.shown:
                             watch(Progress("reset"))
                 return await self._plain(body, options)
         except TimeoutError:
@@ -201,7 +196,7 @@ class ModelClient:
         return self._reply(data, started)
 
     async def _streamed(
-        self, body: dict[str, Any], options: dict[str, Any], on_progress: ProgressCallback
+        self, body: dict[str, Any], options: dict[str, Any], watch: Watch
     ) -> ModelReply:
         """One streamed completion; raises _Fallback when a plain request should answer."""
         client = self.client
@@ -228,7 +223,7 @@ class ModelClient:
                 else:
                     self._stream_refused = True
                 raise _Fallback(
-                    self._scrub.text(f"HTTP {exc.status_code}: {message[:300]}"), shown=False
+                    self._scrub.text(f"HTTP {exc.status_code}: {message[:300]}")
                 ) from None
             raise self._failed(exc) from exc
         except Exception as exc:
@@ -241,7 +236,7 @@ class ModelClient:
                 self._stream_refused = True
                 log.info("model.stream_ignored base_url=%s", public_url(self.base_url))
                 return self._reply(decoded(await response.aread()), started)
-            assembler = Assembler(self._scrub, on_progress)
+            assembler = Assembler(self._scrub, watch)
             try:
                 async for event, data in events(response.aiter_bytes()):
                     try:
@@ -257,15 +252,14 @@ class ModelClient:
                 calls = tool_calls_of({"tool_calls": parts.tool_calls})
             except StreamErrorEvent as exc:
                 if is_overflow_error(exc.error):
-                    if assembler.shown:
-                        on_progress(Progress("reset"))  # the retry after a handoff follows
+                    if watch.shown:
+                        watch(Progress("reset"))  # the retry after a handoff follows
                     raise self._overflow(str(exc)) from None
                 raise _Fallback(
-                    self._scrub.text(f"an error event in the stream: {str(exc)[:300]}"),
-                    shown=assembler.shown,
+                    self._scrub.text(f"an error event in the stream: {str(exc)[:300]}")
                 ) from None
             except (StreamBroken, Unusable) as exc:
-                raise _Fallback(str(exc), shown=assembler.shown) from None
+                raise _Fallback(str(exc)) from None
             except (ModelError, asyncio.CancelledError):
                 raise
             except Exception as exc:
@@ -276,9 +270,7 @@ class ModelClient:
                         "The model took too long to answer. Please try again.",
                     ) from exc
                 # The connection broke mid-way.
-                raise _Fallback(
-                    f"the stream broke: {type(exc).__name__}", shown=assembler.shown
-                ) from None
+                raise _Fallback(f"the stream broke: {type(exc).__name__}") from None
         finally:
             with contextlib.suppress(Exception):
                 await stream.close()

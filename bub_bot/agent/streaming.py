@@ -56,7 +56,8 @@ def tell(callback: ProgressCallback, progress: Progress) -> None:
 
 class Watch:
     """The step's progress callback, remembering whether something shown waits to be
-    taken back (a step cut off by its deadline then says `reset`)."""
+    taken back (a step that falls back to a plain request, or is cut off by its deadline,
+    then says `reset`)."""
 
     __slots__ = ("callback", "shown")
 
@@ -195,8 +196,6 @@ class Assembler:
         self.model: Any = None
         self.finish_reason: str | None = None
         self.chunks = 0
-        self.shown = False
-        """Something was reported (a fallback must then say `reset`)."""
         self._thinking = False
         self._high = ""
         """A high surrogate half that waits for its low half in the next delta."""
@@ -287,7 +286,6 @@ class Assembler:
             self._report(Progress("tools", tools=names))
 
     def _report(self, progress: Progress) -> None:
-        self.shown = True
         tell(self.on_progress, progress)
 
     def result(self) -> Assembled:
