@@ -21,7 +21,7 @@ Tables are prefixed `bub_` so a database shared with another application stays r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -43,11 +43,9 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
-    entry_row,
     is_inbound,
     row_entry,
     safe_text,
-    with_ids,
 )
 
 T = TypeVar("T")
@@ -211,39 +209,25 @@ class PostgresTapeStore(StoreBase):
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
-    async def append_many(
+    async def _append(
         self,
         tape: str,
-        entries: Iterable[TapeEntry],
-        *,
-        dedupe_keys: Sequence[str] = (),
-        if_no_anchor: bool = False,
-        bootstrap: TapeEntry | None = None,
-        session_id: str | None = None,
-    ) -> list[TapeEntry] | None:
-        """Append entries in one transaction and return them with their ids (see TapeStore)."""
-        entries = list(entries)
-        rows = [entry_row(e) for e in entries]
-        session = safe_text(session_id) if session_id else None
+        rows: list[Row],
+        dedupe_keys: list[str],
+        if_no_anchor: bool,
+        bootstrap: Row | None,
+        session_id: str | None,
+    ) -> list[int] | None:
         if rows and not dedupe_keys and not if_no_anchor and bootstrap is None:
             # The common append: one statement, one round trip (its own transaction).
             async with self.pool.acquire() as conn:
-                ids = await _allocate_and_insert(conn, tape, rows, session)
+                ids = await _allocate_and_insert(conn, tape, rows, session_id)
             if ids is not None:
-                return with_ids(entries, ids)
+                return ids
             # A new tape: created in the transaction below.
-        ids = await self._write(
-            _append,
-            tape,
-            rows,
-            # Sorted: two transactions recording the same keys take them in the same order.
-            sorted({safe_text(k) for k in dedupe_keys}),
-            if_no_anchor,
-            entry_row(bootstrap) if bootstrap else None,
-            session,
-            utc_now(),
+        return await self._write(
+            _append, tape, rows, dedupe_keys, if_no_anchor, bootstrap, session_id, utc_now()
         )
-        return None if ids is None else with_ids(entries, ids)
 
     async def _reset(
         self,
@@ -254,25 +238,15 @@ class PostgresTapeStore(StoreBase):
     ) -> str | None:
         return await self._write(_reset, tape, archived, rows, carry_inbound_after, utc_now())
 
-    async def append_copies(
+    async def _append_copies(
         self,
         tape: str,
-        entries: Sequence[TapeEntry],
-        *,
-        session_id: str | None = None,
-        updated: str | None = None,
-    ) -> int:
-        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
-        entries = list(entries)
-        await self._write(
-            _append_copies,
-            tape,
-            entries,
-            [entry_row(e) for e in entries],
-            safe_text(session_id) if session_id else None,
-            updated or utc_now(),
-        )
-        return len(entries)
+        entries: list[TapeEntry],
+        rows: list[Row],
+        session_id: str | None,
+        updated: str,
+    ) -> None:
+        await self._write(_append_copies, tape, entries, rows, session_id, updated)
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""

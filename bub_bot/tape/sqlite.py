@@ -7,7 +7,7 @@ Every operation is one function run on aiosqlite's worker thread, so a whole tra
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,11 +27,9 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
-    entry_row,
     is_inbound,
     row_entry,
     safe_text,
-    with_ids,
 )
 
 T = TypeVar("T")
@@ -112,30 +110,18 @@ class SQLiteTapeStore(StoreBase):
             raise TapeStoreError(f"tape database {self.location}: {exc}") from None
 
     # -- writes -------------------------------------------------------------------------------
-    async def append_many(
+    async def _append(
         self,
         tape: str,
-        entries: Iterable[TapeEntry],
-        *,
-        dedupe_keys: Sequence[str] = (),
-        if_no_anchor: bool = False,
-        bootstrap: TapeEntry | None = None,
-        session_id: str | None = None,
-    ) -> list[TapeEntry] | None:
-        """Append entries in one transaction and return them with their ids (see TapeStore)."""
-        entries = list(entries)
-        rows = [entry_row(e) for e in entries]
-        ids = await self._run(
-            _append,
-            tape,
-            rows,
-            tuple(dict.fromkeys(safe_text(k) for k in dedupe_keys)),
-            if_no_anchor,
-            entry_row(bootstrap) if bootstrap else None,
-            safe_text(session_id) if session_id else None,
-            utc_now(),
+        rows: list[Row],
+        dedupe_keys: list[str],
+        if_no_anchor: bool,
+        bootstrap: Row | None,
+        session_id: str | None,
+    ) -> list[int] | None:
+        return await self._run(
+            _append, tape, rows, dedupe_keys, if_no_anchor, bootstrap, session_id, utc_now()
         )
-        return None if ids is None else with_ids(entries, ids)
 
     async def _reset(
         self,
@@ -146,25 +132,15 @@ class SQLiteTapeStore(StoreBase):
     ) -> str | None:
         return await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
 
-    async def append_copies(
+    async def _append_copies(
         self,
         tape: str,
-        entries: Sequence[TapeEntry],
-        *,
-        session_id: str | None = None,
-        updated: str | None = None,
-    ) -> int:
-        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
-        rows = [(e.id, *entry_row(e)) for e in entries]
-        await self._run(
-            _append_copies,
-            tape,
-            list(entries),
-            rows,
-            safe_text(session_id) if session_id else None,
-            updated or utc_now(),
-        )
-        return len(rows)
+        entries: list[TapeEntry],
+        rows: list[Row],
+        session_id: str | None,
+        updated: str,
+    ) -> None:
+        await self._run(_append_copies, tape, entries, rows, session_id, updated)
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
@@ -252,7 +228,7 @@ def _append(
     conn: sqlite3.Connection,
     tape: str,
     rows: list[Row],
-    dedupe_keys: tuple[str, ...],
+    dedupe_keys: list[str],
     if_no_anchor: bool,
     bootstrap: Row | None,
     session_id: str | None,
@@ -296,7 +272,7 @@ def _append_copies(
     conn: sqlite3.Connection,
     tape: str,
     entries: list[TapeEntry],
-    rows: list[tuple],
+    rows: list[Row],
     session_id: str | None,
     updated: str,
 ) -> None:
@@ -304,7 +280,9 @@ def _append_copies(
     try:
         tape_id = _tape_id(conn, tape, session_id, updated, updated)
         check_copy_ids(tape, entries, _last_id(conn, tape_id))
-        conn.executemany(_INSERT, [(tape_id, *row) for row in rows])
+        conn.executemany(
+            _INSERT, [(tape_id, e.id, *row) for e, row in zip(entries, rows, strict=True)]
+        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

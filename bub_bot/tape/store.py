@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
-from .entries import KINDS, TapeEntry, dumps
+from .entries import KINDS, TapeEntry, dumps, utc_now
 from .leases import Leases, LocalLeases
 from .names import archive_name
 
@@ -399,8 +399,69 @@ class StoreBase:
         return LocalLeases()
 
     async def append_many(
-        self, tape: str, entries: Iterable[TapeEntry], **options: Any
+        self,
+        tape: str,
+        entries: Iterable[TapeEntry],
+        *,
+        dedupe_keys: Sequence[str] = (),
+        if_no_anchor: bool = False,
+        bootstrap: TapeEntry | None = None,
+        session_id: str | None = None,
     ) -> list[TapeEntry] | None:
+        """Append entries in one transaction and return them with their ids (see TapeStore)."""
+        entries = list(entries)
+        ids = await self._append(
+            tape,
+            [entry_row(e) for e in entries],
+            # Sorted: two transactions recording the same keys take them in the same order.
+            sorted({safe_text(k) for k in dedupe_keys}),
+            if_no_anchor,
+            entry_row(bootstrap) if bootstrap else None,
+            safe_text(session_id) if session_id else None,
+        )
+        return None if ids is None else with_ids(entries, ids)
+
+    async def _append(
+        self,
+        tape: str,
+        rows: list[Row],
+        dedupe_keys: list[str],
+        if_no_anchor: bool,
+        bootstrap: Row | None,
+        session_id: str | None,
+    ) -> list[int] | None:
+        """The store's append transaction: the ids of `rows`, or None when refused (a dedupe
+        key already recorded, or `if_no_anchor` on a tape with an anchor)."""
+        raise NotImplementedError
+
+    async def append_copies(
+        self,
+        tape: str,
+        entries: Sequence[TapeEntry],
+        *,
+        session_id: str | None = None,
+        updated: str | None = None,
+    ) -> int:
+        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
+        entries = list(entries)
+        await self._append_copies(
+            tape,
+            entries,
+            [entry_row(e) for e in entries],
+            safe_text(session_id) if session_id else None,
+            updated or utc_now(),
+        )
+        return len(entries)
+
+    async def _append_copies(
+        self,
+        tape: str,
+        entries: list[TapeEntry],
+        rows: list[Row],
+        session_id: str | None,
+        updated: str,
+    ) -> None:
+        """The store's copy transaction: `rows` (of `entries`) keep their ids."""
         raise NotImplementedError
 
     async def reset(
