@@ -36,22 +36,6 @@ class DatabaseURL:
     target: str  # SQLite: the file path; PostgreSQL: the URL as given
     display: str
 
-    @property
-    def host(self) -> str:
-        """The PostgreSQL host (or socket directory) named in messages."""
-        if self.kind != "postgresql":
-            return ""
-        parts = urlsplit(self.target)
-        return parts.hostname or _query_value(parts.query, "host") or "localhost"
-
-
-def _query_value(query: str, key: str) -> str:
-    for item in query.split("&"):
-        name, _, value = item.partition("=")
-        if name == key:
-            return unquote(value)
-    return ""
-
 
 def parse_database_url(url: str | Path) -> DatabaseURL:
     """Parse a database URL or path; ValueError (without the password) when it is not one."""
