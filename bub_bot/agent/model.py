@@ -26,6 +26,8 @@ from .answers import (
     usage_of,
 )
 from .model_errors import (
+    TIMED_OUT_MESSAGE,
+    UNREACHABLE_MESSAGE,
     UNUSABLE_MESSAGE,
     ContextOverflow,
     ModelError,
@@ -170,7 +172,7 @@ class ModelClient:
                 watch.reset()  # the channel takes back what it showed; no fallback request
             raise ModelError(
                 f"model request timed out: no whole answer within {deadline:g} s",
-                "The model took too long to answer. Please try again.",
+                TIMED_OUT_MESSAGE,
             ) from None
 
     @property
@@ -267,7 +269,7 @@ class ModelClient:
                     # No data for the whole timeout: asking again would only wait as long.
                     raise ModelError(
                         "model stream timed out",
-                        "The model took too long to answer. Please try again.",
+                        TIMED_OUT_MESSAGE,
                     ) from exc
                 # The connection broke mid-way.
                 raise _Fallback(f"the stream broke: {type(exc).__name__}") from None
@@ -331,15 +333,13 @@ class ModelClient:
             if dropped_connection(exc):
                 return ModelError(
                     f"cannot reach the model endpoint: {exc.__cause__}",
-                    "I could not reach the model service. Please try again in a moment.",
+                    UNREACHABLE_MESSAGE,
                 )
-            return ModelError(
-                "model request timed out", "The model took too long to answer. Please try again."
-            )
+            return ModelError("model request timed out", TIMED_OUT_MESSAGE)
         if isinstance(exc, openai.APIConnectionError):
             return ModelError(
                 f"cannot reach the model endpoint: {exc}",
-                "I could not reach the model service. Please try again in a moment.",
+                UNREACHABLE_MESSAGE,
             )
         if isinstance(
             exc, json.JSONDecodeError | UnicodeDecodeError | openai.APIResponseValidationError

@@ -33,6 +33,8 @@ class ContextOverflow(ModelError):
     """The provider rejected the request for its length."""
 
 
+TIMED_OUT_MESSAGE = "The model took too long to answer. Please try again."
+UNREACHABLE_MESSAGE = "I could not reach the model service. Please try again in a moment."
 UNUSABLE_MESSAGE = (
     "The model service sent an answer I could not read. The operator needs to check"
     " OPENAI_BASE_URL (it should point at an OpenAI-compatible API, usually ending in /v1)."
