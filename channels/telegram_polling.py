@@ -88,13 +88,18 @@ class Poller:
             if lead.lost.is_set() and not self.stopping.is_set():
                 log.warning("telegram.poll another replica took over polling; standing by")
 
-    async def _unless_stopping(self, task: asyncio.Future[Any]) -> bool:
-        """Wait for `task`; if `stop()` comes first, cancel it and return False."""
-        stop = asyncio.ensure_future(self.stopping.wait())
+    async def _unless_stopping(
+        self, task: asyncio.Future[Any], lost: asyncio.Event | None = None
+    ) -> bool:
+        """Wait for `task`; if `stop()` (or `lost`) comes first, cancel it and return False."""
+        waits = {asyncio.ensure_future(self.stopping.wait())}
+        if lost is not None:
+            waits.add(asyncio.ensure_future(lost.wait()))
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, *waits}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.cancel()
+            for wait in waits:
+                wait.cancel()
         if task.done():
             task.result()
             return True
@@ -111,18 +116,7 @@ class Poller:
             offset=self.offset, timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
         )
         poll = asyncio.ensure_future(self.bot(method, request_timeout=self.poll_timeout + 15))
-        waits = {asyncio.ensure_future(self.stopping.wait())}
-        if lost is not None:
-            waits.add(asyncio.ensure_future(lost.wait()))
-        try:
-            await asyncio.wait({poll, *waits}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        if not poll.done():
-            poll.cancel()
-            with contextlib.suppress(BaseException):
-                await poll
+        if not await self._unless_stopping(poll, lost):
             return None
         return poll.result()
 
