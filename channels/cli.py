@@ -123,11 +123,8 @@ class CliStream:
         if index != 0 or not self._printed:
             self._newline()
             return None  # printed by `send`
-        if piece.startswith(self._printed):
-            self._write(piece[len(self._printed) :] + "\n")
-        else:
-            self._newline()
-            self._write(piece + "\n")
+        await self.update(piece)  # the rest of the piece (or all of it, if it differs)
+        self._write("\n")
         self._printed = ""
         return self.channel._sent(piece)
 
