@@ -152,7 +152,9 @@ class Access:
         return secure(response)
 
     @staticmethod
-    def unauthorized(request: web.Request, *, api: bool, message: str = "") -> web.Response:
+    def unauthorized(
+        request: web.Request, *, api: bool, message: str = "", next_path: str = ""
+    ) -> web.Response:
         if api:
             response = web.json_response(
                 {"error": "unauthorized", "hint": "send Authorization: Bearer <BUB_WEB_TOKEN>"},
@@ -161,7 +163,7 @@ class Access:
         else:
             text = message or "This page needs the access token."
             response = web.Response(
-                text=login_page(text, _without_token(request)),
+                text=login_page(text, next_path or _without_token(request)),
                 status=401,
                 content_type="text/html",
             )
@@ -230,9 +232,6 @@ class Access:
             return self._logged_in(request, next_path)
         if verdict.wait:
             return self.too_many(request, verdict.wait, api=False, next_path=next_path)
-        response = web.Response(
-            text=login_page("That token is not valid.", next_path),
-            status=401,
-            content_type="text/html",
+        return self.unauthorized(
+            request, api=False, message="That token is not valid.", next_path=next_path
         )
-        return secure(response)
