@@ -8,7 +8,7 @@ from typing import Any
 
 from bub_bot.tape import TapeEntry
 
-from .render import json_arguments, markdown, plain, pre
+from .render import json_arguments, markdown, plain, pre, when
 
 
 def _content_html(content: Any, *, rich: bool) -> str:
@@ -120,6 +120,6 @@ def entry_html(entry: TapeEntry, names: dict[str, str]) -> str:
     return (
         f'<article class="entry kind-{escape(entry.kind)}" id="e{entry.id}">'
         f'<header><a href="#e{entry.id}">#{entry.id}</a> <b>{escape(entry.kind)}</b>'
-        f" <time>{escape(entry.date[:19].replace('T', ' '))}</time>{flag}</header>"
+        f" <time>{when(entry.date)}</time>{flag}</header>"
         f"{_body(entry, names)}{meta}</article>"
     )

@@ -53,6 +53,11 @@ def plain(text: str, cls: str = "plain") -> str:
     return f'<div class="{cls}">{escape(text)}</div>'
 
 
+def when(date: str) -> str:
+    """A tape date (ISO 8601) as shown on a page: to the second, a space for the `T`."""
+    return escape(date[:19].replace("T", " "))
+
+
 def pre(value: Any) -> str:
     """A value in a <pre> block: strings as they are, anything else as indented JSON."""
     if not isinstance(value, str):

@@ -11,7 +11,7 @@ from bub_bot.tape import KINDS, TapeEntry, TapeStats
 from bub_bot.tape.names import tape_role
 
 from .entries import call_names, entry_html, message_html
-from .render import markdown, pre
+from .render import markdown, pre, when
 
 NONE = '<li class="muted">none</li>'
 
@@ -31,10 +31,6 @@ def nav(*crumbs: tuple[str, str | None]) -> str:
 
 def _count(n: object, noun: str) -> str:
     return f"{escape(str(n))} {noun}{'' if n == 1 else 's'}"
-
-
-def when(date: str) -> str:
-    return escape(date[:19].replace("T", " "))
 
 
 def pager(
