@@ -22,7 +22,7 @@ has no retry handlers: a 429 holds every call of that method for its Retry-After
 limits are per method) and only that piece is re-posted; a connection lost after the request
 went out raises `DeliveryUnknown`, so nothing is ever posted twice. Streaming
 (`slack_stream`): `chat.startStream`/`appendStream`/`stopStream` in threads, else a message
-edited with `chat.update`, through the same `_call`.
+edited with `chat.update`, through the same `SlackOutbox.call`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ same either way. A quick answer is not streamed at all: the first message waits 
 text is `FIRST_DELAY` seconds old. The working indicator (assistant status or
 reaction) goes on alongside; between steps the status names the tools in use.
 
-Every call goes through the channel's `_call` (429s waited out per method, an unknown outcome
+Every call goes through `SlackOutbox.call` (429s waited out per method, an unknown outcome
 never repeated blindly; an update may be repeated, it is idempotent).
 """
 
