@@ -53,21 +53,18 @@ class Poller:
         self.offset: int | None = None
         """The next update id to ask for: everything before it is stored (or skipped)."""
 
-    async def run(self) -> None:
-        """Poll as the leader until stopped (see `_poll_as_leader`)."""
-        await self._poll_as_leader()
-
     async def _wait(self, seconds: float) -> bool:
         """Sleep unless stopping; True when stopping."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
         return self.stopping.is_set()
 
-    async def _poll_as_leader(self) -> None:
-        """Long polling on one replica at a time: with several replicas on one database the
-        poller holds a job lease (`telegram:poller:<bot id>`); the others stand by and one
-        takes over when the leader stops or dies. A single process always leads. The offset
-        is confirmed before the lead is handed over, so the next leader starts after it."""
+    async def run(self) -> None:
+        """Poll until stopped, on one replica at a time: with several replicas on one
+        database the poller holds a job lease (`telegram:poller:<bot id>`); the others stand
+        by and one takes over when the leader stops or dies. A single process always leads.
+        The offset is confirmed before the lead is handed over, so the next leader starts
+        after it."""
         assert self.runtime is not None
         leader = getattr(self.runtime, "leader", None)
         if leader is None:  # a stand-in runtime without leases (benchmarks): poll alone
