@@ -134,9 +134,6 @@ class PostgresTapeStore(StoreBase):
             raise fail(exc) from None
         return cls(pool, where, version, url)
 
-    async def __aenter__(self) -> PostgresTapeStore:
-        return self
-
     def leases(self, owner: str, seconds: float) -> PostgresLeases:
         """Leases in `bub_leases`, shared by every replica on this database (see
         postgres_leases); handover notices arrive on a connection of their own."""

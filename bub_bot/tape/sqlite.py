@@ -83,9 +83,6 @@ class SQLiteTapeStore(StoreBase):
             raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
         return store
 
-    async def __aenter__(self) -> SQLiteTapeStore:
-        return self
-
     async def close(self) -> None:
         """Close the connection (checkpointing the WAL)."""
         await self._conn.close()

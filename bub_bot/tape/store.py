@@ -14,7 +14,7 @@ import string
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from .entries import KINDS, TapeEntry, dumps, utc_now
 from .leases import Leases, LocalLeases
@@ -385,7 +385,7 @@ class StoreBase:
     location: str
     schema_version: int
 
-    async def __aenter__(self) -> StoreBase:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
