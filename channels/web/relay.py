@@ -122,7 +122,8 @@ class Relay:
                 if not isinstance(text, str) or not isinstance(status, str):
                     raise ValueError("a partial answer that is not text")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("web.relay unreadable message: %s: %.100s", exc, data)
+            # Its size, not its text: a relayed partial is conversation content.
+            log.warning("web.relay unreadable message (%d bytes): %s", len(data), exc)
             return
         if partial is not None:
             self.hub.show(conversation, Partial(text, status) if text or status else CLEARED)
