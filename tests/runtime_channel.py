@@ -207,10 +207,12 @@ def tape_of(runtime: Runtime, session_id: str) -> Tape:
     return Tape.for_session(runtime.store, session_id, runtime.settings.workspace)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(
+    predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005
+) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 (polls foreign state)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(interval)
 
 
 async def idle(runtime: Runtime, *session_ids: str, timeout: float = 10.0) -> None:

@@ -42,7 +42,9 @@ def write_config(tmp_path: Path, servers: dict[str, Any]) -> Path:
     return path
 
 
-until = partial(runtime_channel.until, timeout=15.0)  # the servers run in the background
+until = partial(
+    runtime_channel.until, timeout=15.0, interval=0.02
+)  # the servers run in the background
 
 
 async def say(bot: Bot, channel: CliChannel, message: str, session: str = "mcp") -> str:

@@ -139,7 +139,7 @@ def webhook(**env: str) -> dict[str, str]:
     return {"BUB_TELEGRAM_WEBHOOK_URL": HOOK, "BUB_TELEGRAM_WEBHOOK_SECRET": SECRET, **env}
 
 
-wait_until = partial(until, timeout=15.0)
+wait_until = partial(until, timeout=15.0, interval=0.05)
 
 
 _update_ids = iter(range(1000, 10**9))

@@ -29,7 +29,7 @@ GROUP = -100555
 SECRET = "s3cret_token-1"
 
 
-wait_until = partial(until, timeout=8.0)
+wait_until = partial(until, timeout=8.0, interval=0.02)
 
 
 @dataclass

@@ -53,7 +53,7 @@ def answer(body: dict[str, Any]) -> Reply:
     return echo_default(body)
 
 
-wait_until = partial(until, timeout=30.0)
+wait_until = partial(until, timeout=30.0, interval=0.02)
 
 
 @dataclass

@@ -33,7 +33,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-wait_until = partial(until, timeout=15.0)
+wait_until = partial(until, timeout=15.0, interval=0.05)
 
 
 PROCFILE = Path(__file__).resolve().parents[1] / "Procfile"
