@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
-from tests.pg import free_port  # noqa: E402
-from tests.serve_process import wait_ready  # noqa: E402
+from tests.serve_process import free_port, wait_ready  # noqa: E402
 
 TOKEN = "123456:BENCH-token"
 HOOK_SECRET = "bench-hook-secret"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,10 @@ sys.path.insert(0, str(ROOT))
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.slack_api import FakeSlack  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
+from tests.serve_process import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent / "bub-bot"
 TG_TOKEN = "123456:bench-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def time_to_ready(env: dict[str, str], expect_exit: bool = False) -> float:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from channels.telegram_format import html_to_text, markdown_to_html
 from tests.fakes.openai_server import FakeOpenAI, Reply, slow, streamed, text
 from tests.fakes.telegram_api import FakeTelegram
-from tests.serve_process import wait_ready
+from tests.serve_process import free_port, wait_ready
 
 TOKEN = "123456:BENCH-token"
 WORDS = (
@@ -75,12 +74,6 @@ async def until(check: Any, timeout: float = 60) -> None:
     async with asyncio.timeout(timeout):
         while not check():  # noqa: ASYNC110 (polls the fakes)
             await asyncio.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Serve:

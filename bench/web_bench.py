@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bub_bot.tape import SQLiteTapeStore, Tape, TapeEntry  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI, streamed, text  # noqa: E402
+from tests.serve_process import free_port  # noqa: E402
 from tests.web_client import WebChat, has_item  # noqa: E402
 
 TOKEN = "bench-token-0123456789"
@@ -62,12 +62,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 FILLER = (

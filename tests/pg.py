@@ -16,12 +16,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import BinaryIO
+
+from tests.serve_process import free_port
 
 USER = "bub"
 PASSWORD = "pg-test-secret-7f3a"
@@ -57,12 +58,6 @@ def find_bindir() -> Path:
     if on_path:
         return Path(on_path).parent
     raise PostgresMissing(MISSING)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PostgresCluster:

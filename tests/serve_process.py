@@ -1,12 +1,21 @@
-"""Waiting for a `bub-bot serve` subprocess to be ready (tests and benchmarks share this)."""
+"""A `bub-bot serve` subprocess: a free port for it, and waiting until it is ready (tests and
+benchmarks share this)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 
 import aiohttp
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (at the time of asking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 async def wait_ready(

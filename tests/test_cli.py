@@ -7,7 +7,6 @@ import json
 import os
 import pty
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from aiohttp import web
 from bub_bot.tape import SQLiteTapeStore, Tape
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.runtime_channel import done_coverage, events, final_replies, inbound_users, until
+from tests.serve_process import free_port
 
 _SCRIPT = Path(sys.executable).with_name("bub-bot")
 BUB = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "bub_bot"]
@@ -90,12 +90,6 @@ def reason_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("bub-bot:")]
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_run_prints_the_reply(env, tmp_path, fake) -> None:
     code, out, err = await bub("run", "hello there", env=env, cwd=tmp_path)
     assert code == 0, err
@@ -104,7 +98,7 @@ async def test_run_prints_the_reply(env, tmp_path, fake) -> None:
 
 
 async def test_run_with_the_model_down_fails_with_one_line(env, tmp_path) -> None:
-    env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{closed_port()}/v1"
+    env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{free_port()}/v1"
     code, _out, err = await bub("run", "hello", env=env, cwd=tmp_path)
     assert code != 0
     [line] = reason_lines(err)

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +29,7 @@ from tests import runtime_channel
 from tests.fakes.openai_server import FakeOpenAI, text, tool_calls
 from tests.mcp_servers.http_server import serve_http
 from tests.mcp_servers.tools_server import big_text
+from tests.serve_process import free_port
 
 SERVER = Path(__file__).parent / "mcp_servers" / "tools_server.py"
 STDIO = {"command": sys.executable, "args": [str(SERVER)]}
@@ -497,9 +497,7 @@ def children(pid: int) -> list[int]:
 
 
 async def test_serve_terminates_its_stdio_servers_on_sigterm(fake_openai, tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = cli_env(fake_openai, tmp_path, write_config(tmp_path, {"a": STDIO}))
     env["PORT"] = str(port)
     proc = await asyncio.create_subprocess_exec(

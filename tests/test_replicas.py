@@ -21,9 +21,9 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
-from tests.pg import PostgresCluster, free_port
+from tests.pg import PostgresCluster
 from tests.runtime_channel import until
-from tests.serve_process import wait_ready
+from tests.serve_process import free_port, wait_ready
 
 TOKEN = "123456:REPLICA-secret_token"
 HOOK = "https://bot.example.test/tg/hook"

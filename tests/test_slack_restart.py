@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import IO
@@ -18,16 +17,10 @@ import aiohttp
 from bub_bot.tape import SQLiteTapeStore, Tape
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.slack_api import FakeSlack, app_mention, sign_request
-from tests.serve_process import wait_ready
+from tests.serve_process import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "restart-signing-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI, port: int) -> dict[str, str]:
@@ -94,7 +87,7 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
         directory.mkdir()
         (directory / "AGENTS.md").write_text(f"You work in the {directory.name.upper()} repo.")
     async with FakeSlack() as slack:
-        port = _free_port()
+        port = free_port()
         env = _env(tmp_path, slack, fake_openai, port)
         env["BUB_WORKSPACE_MAP"] = str(_workspace_map(tmp_path, mapped))
         log_path = tmp_path / "serve.log"

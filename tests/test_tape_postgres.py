@@ -21,8 +21,9 @@ from bub_bot.tape import TapeEntry, TapeStoreError, open_store, parse_database_u
 from bub_bot.tape.schema import POSTGRES_MIGRATIONS as MIGRATIONS
 from bub_bot.tape.schema import POSTGRES_VERSION as SCHEMA_VERSION
 from bub_bot.tape.schema import migrate_postgres as migrate
-from tests.pg import PASSWORD, PostgresCluster, free_port
+from tests.pg import PASSWORD, PostgresCluster
 from tests.runtime_channel import RuntimeChannel
+from tests.serve_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("tape_pg_writer_child.py")

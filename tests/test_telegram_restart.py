@@ -8,7 +8,6 @@ import asyncio
 import os
 import shlex
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -20,17 +19,11 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI, slow, text
 from tests.fakes.telegram_api import FakeTelegram
 from tests.runtime_channel import until
-from tests.serve_process import wait_ready
+from tests.serve_process import free_port, wait_ready
 
 SECRET_HALF = "SECRET-token_value"
 TOKEN = f"123456:{SECRET_HALF}"
 USER = 42
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 wait_until = partial(until, timeout=15.0, interval=0.05)

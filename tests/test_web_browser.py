@@ -13,7 +13,6 @@ import itertools
 import os
 import re
 import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
 from tests.fakes.openai_server import FakeOpenAI, slow, streamed, text, tool_calls
+from tests.serve_process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -42,19 +42,13 @@ class Served:
     fake: FakeOpenAI
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     home = tmp_path_factory.mktemp("web-serve")
     (home / "ws").mkdir()
     fake = FakeOpenAI()
     await fake.start()
-    port = _free_port()
+    port = free_port()
     env = {
         k: v
         for k, v in os.environ.items()
