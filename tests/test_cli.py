@@ -43,15 +43,14 @@ async def fake() -> AsyncIterator[AnsweringFake]:
         yield server
 
 
-@pytest.fixture
-def env(fake: AnsweringFake, tmp_path: Path) -> dict[str, str]:
+def cli_env(fake: FakeOpenAI, tmp_path: Path) -> dict[str, str]:
     """A clean environment: only our settings, pointing at the fake and a fresh home."""
     base = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("BUB_", "OPENAI_")) and k not in ("PORT",)
     }
-    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws").mkdir(exist_ok=True)
     return {
         **base,
         "OPENAI_BASE_URL": fake.base_url,
@@ -61,6 +60,11 @@ def env(fake: AnsweringFake, tmp_path: Path) -> dict[str, str]:
         "BUB_HOME": str(tmp_path / "home"),
         "BUB_WORKSPACE": str(tmp_path / "ws"),
     }
+
+
+@pytest.fixture
+def env(fake: AnsweringFake, tmp_path: Path) -> dict[str, str]:
+    return cli_env(fake, tmp_path)
 
 
 async def bub(

@@ -25,7 +25,7 @@ from bub_bot.config import Settings
 from bub_bot.server import Bot, BotServer
 from bub_bot.tape import Tape
 from channels.cli import CliChannel
-from tests import runtime_channel
+from tests import runtime_channel, test_cli
 from tests.fakes.openai_server import FakeOpenAI, text, tool_calls
 from tests.mcp_servers.http_server import serve_http
 from tests.mcp_servers.tools_server import big_text
@@ -436,35 +436,11 @@ async def test_doctor_connects_each_server(settings, tmp_path, http_url) -> None
 
 
 def cli_env(fake: FakeOpenAI, tmp_path: Path, config: Path) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("BUB_", "OPENAI_"))}
-    (tmp_path / "ws").mkdir(exist_ok=True)
-    return {
-        **base,
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "BUB_MODEL": "fake-model",
-        "BUB_MODEL_RETRIES": "0",
-        "BUB_HOME": str(tmp_path / "home"),
-        "BUB_WORKSPACE": str(tmp_path / "ws"),
-        "BUB_MCP_CONFIG": str(config),
-    }
+    return {**test_cli.cli_env(fake, tmp_path), "BUB_MCP_CONFIG": str(config)}
 
 
 async def bub(*args: str, env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bub_bot",
-        *args,
-        env=env,
-        cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await test_cli.bub(*args, env=env, cwd=cwd, timeout=60)
 
 
 async def test_run_uses_a_stdio_server_and_leaves_no_process_behind(fake_openai, tmp_path):
