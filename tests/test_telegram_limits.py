@@ -25,9 +25,10 @@ from channels.telegram_outbox import MAX_RETRY_AFTER
 from tests.fakes.openai_server import FakeOpenAI, Reply, echo_default, text
 from tests.fakes.telegram_api import FakeTelegram, FloodControl
 from tests.runtime_channel import until
+from tests.test_telegram import BOT, TOKEN, tg
 
-TOKEN = "123:ABC"
-BOT = "bub_test_bot"
+__all__ = ["tg"]  # the fixture
+
 SCALE = 10
 SCALED = {  # what the fake enforces at SCALE, as the bot's settings
     "telegram_rate_global": "30/0.1s",
@@ -68,12 +69,6 @@ class Harness:
 
     def texts(self, chat_id: int, thread_id: int | None = None) -> list[str]:
         return [m["text"] for m in self.tg.sent_to(chat_id, thread_id)]
-
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=TOKEN, username=BOT) as fake:
-        yield fake
 
 
 @pytest.fixture
