@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .connect import DatabaseURL, open_store, parse_database_url
+from .connect import open_store
 from .context import Selector, default_selector, visible
 from .entries import KINDS, PayloadError, TapeEntry, utc_now
 from .names import archive_name, sidecar_name, tape_name
@@ -19,6 +19,7 @@ from .store import (
     TapeSummary,
 )
 from .tape import BOOTSTRAP_ANCHOR, Tape, TapeInfo
+from .urls import DatabaseURL, parse_database_url
 
 if TYPE_CHECKING:
     from .postgres import PostgresTapeStore

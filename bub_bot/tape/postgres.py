@@ -27,7 +27,6 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from .connect import parse_database_url
 from .entries import TapeEntry, utc_now
 from .names import SIDECAR_SEP, tape_role
 from .postgres_leases import PostgresLeases
@@ -47,6 +46,7 @@ from .store import (
     row_entry,
     safe_text,
 )
+from .urls import parse_database_url
 
 T = TypeVar("T")
 
