@@ -18,7 +18,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from .tape.connect import parse_database_url
+from .errors import ConfigError
+from .mcp_config import load_mcp_config
+from .tape.urls import parse_database_url
+from .workspaces import load_workspace_map
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 MODEL_MISSING = (
@@ -32,10 +35,6 @@ _SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 CsvList = Annotated[list[str], NoDecode]
-
-
-class ConfigError(ValueError):
-    """A setting is missing or invalid; the message names the variable."""
 
 
 _RATE_RE = re.compile(
@@ -99,7 +98,7 @@ class Settings(BaseSettings):
     workspace: Path = Field(default=None, validate_default=False)  # type: ignore[assignment]
     # Workspace per conversation: a JSON file of rules (see bub_bot/workspaces.py)
     workspace_map: Path | None = None
-    # MCP servers: a JSON file in the mcpServers format (see bub_bot/agent/mcp/config.py)
+    # MCP servers: a JSON file in the mcpServers format (see bub_bot/mcp_config.py)
     mcp_config: Path | None = None
 
     # model
@@ -303,12 +302,8 @@ class Settings(BaseSettings):
         elif self.slack_app_token or self.slack_signing_secret:
             raise ConfigError("BUB_SLACK_BOT_TOKEN must be set to enable Slack")
         if self.mcp_config is not None:
-            from .agent.mcp.config import load_mcp_config  # here: agent imports this module
-
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
         if self.workspace_map is not None:
-            from .workspaces import load_workspace_map  # here: it imports this module
-
             load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
         return self
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")

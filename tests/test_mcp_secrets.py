@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bub_bot.agent.mcp.config import load_mcp_config
+from bub_bot.mcp_config import load_mcp_config
 from tests.test_web import web
 
 __all__ = ["web"]  # fixture

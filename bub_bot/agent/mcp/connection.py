@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
+from ...mcp_config import McpServerConfig
 from ...secrets import Scrubber
 from ..tools import ToolError
-from .config import McpServerConfig
 from .transport import CONNECT_TIMEOUT, Evidence, is_transport_error, load_sdk, open_transport
 
 log = logging.getLogger("bub_bot.mcp")

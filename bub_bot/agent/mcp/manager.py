@@ -21,8 +21,8 @@ from typing import Any
 
 import pydantic
 
+from ...mcp_config import McpServerConfig
 from ..tools import Tool, ToolContext, ToolError
-from .config import McpServerConfig
 from .connection import McpConnection, RemoteTool
 from .results import error_text, result_value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import McpServerConfig
+from ...mcp_config import McpServerConfig
 from .connection import CONNECT_TIMEOUT, McpConnection
 
 TOOLS_SHOWN = 12

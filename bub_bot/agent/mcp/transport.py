@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from .config import McpServerConfig
+from ...mcp_config import McpServerConfig
 
 log = logging.getLogger("bub_bot.mcp")
 

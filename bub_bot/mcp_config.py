@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from ...config import ConfigError
+from .errors import ConfigError
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
