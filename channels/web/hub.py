@@ -3,7 +3,7 @@
 The tape is the record; the hub only wakes the open event streams of a conversation when
 something happened (a message stored, an answer delivered, a turn started or ended), so
 they read the new entries. `show` hands them the newest state of an answer still being
-written (`stream.Partial`, never on the tape). With several replicas, what another replica
+written (`partial.Partial`, never on the tape). With several replicas, what another replica
 tells (`relay.py`) arrives here too: its turn's working state and partial answer.
 """
 
@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 
-from .stream import CLEARED, Partial
+from .partial import CLEARED, Partial
 
 REMOTE_WORKING_SECONDS = 90.0
 """How long "another replica runs a turn here" holds unless that replica says it again (it

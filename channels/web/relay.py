@@ -11,7 +11,7 @@ broadcasts (`RuntimeLike.broadcast`, topic `web`) carry short JSON messages:
   every `REFRESH_SECONDS`) or ended; pages read the tape too. `turn` names the turn, so the
   late "ended" of a replica that lost the session never clears the turn of the one that took
   it over.
-- `{"c": id, "p": [text, status]}`: the answer being written (`stream.Partial`), while its
+- `{"c": id, "p": [text, status]}`: the answer being written (`partial.Partial`), while its
   text fits in `PARTIAL_BYTES` (at most every `stream.RELAY_INTERVAL`); a longer one is not
   relayed and the final answer replaces the last one that was.
 
@@ -32,7 +32,7 @@ from typing import Any
 from channels.base import RuntimeLike
 
 from .hub import REMOTE_WORKING_SECONDS, Hub
-from .stream import CLEARED, Partial
+from .partial import CLEARED, Partial
 
 log = logging.getLogger("channels.web")
 

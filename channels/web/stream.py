@@ -20,13 +20,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import TYPE_CHECKING, Any
 
-from .render import markdown
-
-if TYPE_CHECKING:
-    from .hub import Hub
-    from .relay import Relay
+from .hub import Hub
+from .partial import CLEARED, Partial
+from .relay import Relay
 
 INTERVAL = 0.1
 """Seconds between two partial updates of one conversation by default: an update is one small
@@ -41,31 +38,6 @@ RELAY_INTERVAL = 0.3
 """Seconds between two partial texts of one reply relayed to the other replicas (statuses and
 the end always go): each is a database notice every replica hears."""
 
-
-class Partial:
-    """One state of a reply being written: its text so far, or a status ("using fs.read…"),
-    or neither (cleared: the page takes the partial reply away)."""
-
-    __slots__ = ("_payload", "cost", "status", "text")
-
-    def __init__(self, text: str = "", status: str = "") -> None:
-        self.text = text
-        self.status = status
-        self.cost = 0.0
-        """Seconds its rendering took (0: not rendered, no page watched)."""
-        self._payload: dict[str, Any] | None = None
-
-    def payload(self) -> dict[str, Any]:
-        """The `partial` event's data, rendered on first use (once for every page)."""
-        if self._payload is None:
-            started = time.perf_counter()
-            html = markdown(self.text) if self.text.strip() else ""
-            self._payload = {"html": html, "status": self.status}
-            self.cost = time.perf_counter() - started
-        return self._payload
-
-
-CLEARED = Partial()
 
 _FENCE_START = re.compile(r"(?:^|\n)[ ]{0,3}(?:`{1,2}|~{1,2})$")
 
