@@ -14,36 +14,23 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
 from bub_bot.config import Settings
-from bub_bot.tape import Tape
 from channels.base import DeliveryError, RuntimeLike
 
 from .auth import Access, secure
 from .chat import ChatRoutes
 from .hub import Hub
 from .relay import Relay
+from .runtime import WebRuntime
 from .stream import WebStream
 from .viewer import ViewerRoutes
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".png": "image/png"}
-
-
-class WebRuntime(RuntimeLike, Protocol):
-    """What the web channel uses beyond the contract: the tape store (history and viewer,
-    read-only), where the runtime keeps a session (its tape and workspace: BUB_WORKSPACE_MAP
-    may put each conversation elsewhere) and the agent (its tools, for "context now")."""
-
-    store: Any
-    agent: Any
-
-    async def session_tape(self, session_id: str) -> Tape: ...
-
-    async def tape_workspace(self, tape: Tape) -> Path: ...
 
 
 class WebChannel:
@@ -61,13 +48,16 @@ class WebChannel:
         self.hub = Hub()
         self.relay = Relay(self.hub)
         self.runtime: WebRuntime | None = None
-        self.chat = ChatRoutes(self)
-        self.viewer = ViewerRoutes(self) if settings.web_viewer else None
+        self.chat = ChatRoutes(
+            settings, self.hub, self.relay, self.require_runtime, channel=self.name
+        )
+        self.viewer = ViewerRoutes(settings, self.require_runtime) if settings.web_viewer else None
         self._static = {
             p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.suffix in STATIC_TYPES
         }
 
     def require_runtime(self) -> WebRuntime:
+        """The runtime once the channel started; until then requests get 503 ("starting")."""
         if self.runtime is None:
             raise web.HTTPServiceUnavailable(
                 text='{"error": "starting"}', content_type="application/json"

@@ -26,22 +26,22 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Callable
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from bub_bot.config import MODEL_MISSING
+from bub_bot.config import MODEL_MISSING, Settings
 from bub_bot.tape import Tape
 from channels.base import Inbound, Sender
 
 from .auth import secure
 from .history import Cursor, snapshot, tail
-from .hub import Subscription
+from .hub import Hub, Subscription
+from .relay import Relay
 from .render import attrs, page
-
-if TYPE_CHECKING:
-    from .channel import WebChannel
+from .runtime import WebRuntime
 
 log = logging.getLogger("channels.web")
 
@@ -66,14 +66,28 @@ def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes
 class ChatRoutes:
     """Handlers of the chat page and its JSON/SSE API."""
 
-    def __init__(self, channel: WebChannel) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        hub: Hub,
+        relay: Relay,
+        runtime: Callable[[], WebRuntime],
+        *,
+        channel: str = "web",
+    ) -> None:
+        self.settings = settings
+        self.hub = hub
+        self.relay = relay
+        self.runtime = runtime
+        """The runtime, once started (else it raises 503: `WebChannel.require_runtime`)."""
         self.channel = channel
+        """The channel's name: inbound messages are this channel's."""
 
     # -- helpers -------------------------------------------------------------------------------
     async def _tape(self, conversation: str) -> Tape:
         """The conversation's tape, where the runtime keeps it (BUB_WORKSPACE_MAP may give
         each conversation a workspace, and so a tape, of its own)."""
-        return await self.channel.require_runtime().session_tape(f"web:{conversation}")
+        return await self.runtime().session_tape(f"web:{conversation}")
 
     @staticmethod
     def _conversation(request: web.Request) -> str | None:
@@ -82,7 +96,7 @@ class ChatRoutes:
 
     # -- page ------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.StreamResponse:
-        settings = self.channel.settings
+        settings = self.settings
         banner = ""
         if not settings.model_configured:
             banner = (
@@ -113,7 +127,7 @@ class ChatRoutes:
     # -- conversations -----------------------------------------------------------------------
     async def list_conversations(self, request: web.Request) -> web.StreamResponse:
         """Web conversations, most recently active first, with a title from the first message."""
-        runtime = self.channel.require_runtime()
+        runtime = self.runtime()
         store = runtime.store
         rows = []
         for row in await store.list_tapes():
@@ -142,7 +156,7 @@ class ChatRoutes:
                 }
             )
         return web.json_response(
-            {"conversations": found, "model_configured": self.channel.settings.model_configured}
+            {"conversations": found, "model_configured": self.settings.model_configured}
         )
 
     async def new_conversation(self, request: web.Request) -> web.StreamResponse:
@@ -174,9 +188,9 @@ class ChatRoutes:
             return _error(413, f"text is longer than {MAX_TEXT} characters")
         if not isinstance(client_id, str) or not CLIENT_ID_RE.fullmatch(client_id):
             return _error(400, "client_id must be 8-64 characters of A-Za-z0-9_-")
-        runtime = self.channel.require_runtime()
+        runtime = self.runtime()
         inbound = Inbound(
-            channel=self.channel.name,
+            channel=self.channel,
             session_id=f"web:{conversation}",
             delivery_key=f"{conversation}:{client_id}",
             message_id=client_id,
@@ -189,9 +203,9 @@ class ChatRoutes:
         except Exception as exc:
             log.error("web.receive failed session=web:%s: %s", conversation, exc)
             return _error(503, "the message could not be stored; please send it again")
-        self.channel.hub.notify(conversation)
+        self.hub.notify(conversation)
         if received.new:
-            await self.channel.relay.changed(conversation)  # pages on other replicas
+            await self.relay.changed(conversation)  # pages on other replicas
         return web.json_response(
             {"stored": True, "duplicate": received.duplicate, "entry_id": received.entry_id},
             status=202 if received.new else 200,
@@ -203,7 +217,7 @@ class ChatRoutes:
         conversation = self._conversation(request)
         if conversation is None:
             return _error(404, "no such conversation")
-        store = self.channel.require_runtime().store
+        store = self.runtime().store
         name = (await self._tape(conversation)).name
         cursor = Cursor.parse(request.query.get("after"))
         if cursor is None:
@@ -212,14 +226,14 @@ class ChatRoutes:
         else:
             cursor, items, fresh = await tail(store, name, cursor)
             reset, truncated = fresh is not None, bool(fresh and fresh.truncated)
-        partial = self.channel.hub.partial(conversation)
+        partial = self.hub.partial(conversation)
         return web.json_response(
             {
                 "cursor": str(cursor),
                 "reset": reset,
                 "items": items,
                 "truncated": truncated,
-                "working": self.channel.hub.busy(conversation),
+                "working": self.hub.busy(conversation),
                 "partial": partial.payload() if partial is not None else None,
             }
         )
@@ -229,9 +243,9 @@ class ChatRoutes:
         conversation = self._conversation(request)
         if conversation is None:
             return _error(404, "no such conversation")
-        store = self.channel.require_runtime().store
+        store = self.runtime().store
         name = (await self._tape(conversation)).name
-        hub = self.channel.hub
+        hub = self.hub
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",

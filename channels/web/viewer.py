@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from bub_bot.agent import spill
 from bub_bot.agent.prompt import build_system_prompt
+from bub_bot.config import Settings
 from bub_bot.tape import KINDS, Tape, TapeStats
 from bub_bot.tape.names import ARCHIVE_SEP, tape_role
 
 from .render import page
+from .runtime import WebRuntime
 from .viewer_pages import TapePage, context_html, spill_html, tape_html, tapes_html, url
-
-if TYPE_CHECKING:
-    from .channel import WebChannel
 
 TAPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 HANDLE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -70,12 +70,14 @@ def _channel_of(session_id: str | None) -> str:
 class ViewerRoutes:
     """Handlers of /tapes and below."""
 
-    def __init__(self, channel: WebChannel) -> None:
-        self.channel = channel
+    def __init__(self, settings: Settings, runtime: Callable[[], WebRuntime]) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        """The runtime, once started (else it raises 503: `WebChannel.require_runtime`)."""
 
     @property
     def store(self) -> Any:
-        return self.channel.require_runtime().store
+        return self.runtime().store
 
     @staticmethod
     def _respond(request: web.Request, title: str, html: str, data: Any) -> web.Response:
@@ -198,13 +200,13 @@ class ViewerRoutes:
         """Exactly what the agent sends next: the system prompt, then the default selector's
         messages from the entries after the last anchor (`Tape.read_messages`)."""
         name, stats = await self._tape(request)
-        runtime = self.channel.require_runtime()
+        runtime = self.runtime()
         tools = runtime.agent.tools
         tape = Tape(self.store, name, stats.session_id)
         # The session's own workspace (BUB_WORKSPACE_MAP): its AGENTS.md and MCP tools.
         workspace = await runtime.tape_workspace(tape)
         prompt = build_system_prompt(
-            self.channel.settings.system_prompt, workspace, tools.visible(workspace)
+            self.settings.system_prompt, workspace, tools.visible(workspace)
         )
         system = runtime.agent.scrub.text(prompt)  # as the agent sends it: secrets redacted
         messages = [{"role": "system", "content": system}, *await tape.read_messages()]
