@@ -282,7 +282,7 @@ async def test_a_lost_lease_stops_the_turn_and_a_lapsed_one_is_taken_over(
     assert ch2.texts("a") == ["echo: question"]
     assert "takeover" in events
     # ...and replica one's next renewal finds the lease gone and cancels its turn.
-    await until(lambda: not one._sessions, timeout=5)
+    await until(lambda: not one.sessions, timeout=5)
     await asyncio.sleep(0.2)
     assert ch1.texts("a") == []
 

@@ -1,5 +1,6 @@
 """What the tape says about a session's progress: which inbound entries are pending, which
-replies are computed but not delivered, and how far a reply covers the inbound queue.
+replies are computed but not delivered, how far a reply covers the inbound queue, and where
+the handled part of the queue ends (`read_cursor`).
 
 Every step of the runtime leaves one of these facts behind, so after a crash the worker picks
 up exactly where the facts stop.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ..tape import TapeEntry
+from ..tape import Tape, TapeEntry
 
 DONE = "inbound.done"
 REPLY_SENT = "reply.sent"
@@ -24,6 +25,13 @@ def is_pending(entry: TapeEntry) -> bool:
     if entry.kind == "message":
         return entry.payload.get("role") == "user"
     return entry.kind == "event" and entry.payload.get("name") == "command"
+
+
+def command_name(entry: TapeEntry) -> str | None:
+    """The chat command an inbound `command` entry runs (None: the entry is no command)."""
+    if entry.kind != "event" or entry.payload.get("name") != "command":
+        return None
+    return str(entry.payload.get("data", {}).get("name", ""))
 
 
 def is_reply(entry: TapeEntry) -> bool:
@@ -111,3 +119,15 @@ def age_seconds(entry: TapeEntry) -> float:
     except ValueError:
         return 0.0
     return (datetime.now(UTC) - then).total_seconds()
+
+
+async def read_cursor(tape: Tape) -> int:
+    """The newest inbound id the tape records as handled (its last `inbound.done`); 0: none."""
+    done = await tape.query(kinds=["event"], names=[DONE], newest_first=True, limit=1)
+    return int(done[0].payload["data"]["through"]) if done else 0
+
+
+async def read_queue(tape: Tape, cursor: int) -> list[TapeEntry]:
+    """The messages and events after `cursor`: the pending inbound entries and what the
+    runtime recorded about them (replies, pieces sent, done markers)."""
+    return await tape.query(after_id=cursor, kinds=["message", "event"])
