@@ -33,9 +33,12 @@ from .postgres_leases import PostgresLeases
 from .schema import migrate_postgres
 from .store import (
     AnchorNotFound,
+    Append,
+    Copies,
     DedupeRecord,
     Opening,
     QuerySpec,
+    Reset,
     Row,
     StoreBase,
     TapeStats,
@@ -206,44 +209,22 @@ class PostgresTapeStore(StoreBase):
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
-    async def _append(
-        self,
-        tape: str,
-        rows: list[Row],
-        dedupe_keys: list[str],
-        if_no_anchor: bool,
-        bootstrap: Row | None,
-        session_id: str | None,
-    ) -> list[int] | None:
-        if rows and not dedupe_keys and not if_no_anchor and bootstrap is None:
+    async def _append(self, append: Append) -> list[int] | None:
+        w = append
+        if w.rows and not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None:
             # The common append: one statement, one round trip (its own transaction).
             async with self.pool.acquire() as conn:
-                ids = await _allocate_and_insert(conn, tape, rows, session_id)
+                ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
             if ids is not None:
                 return ids
             # A new tape: created in the transaction below.
-        return await self._write(
-            _append, tape, rows, dedupe_keys, if_no_anchor, bootstrap, session_id, utc_now()
-        )
+        return await self._write(_append, append, utc_now())
 
-    async def _reset(
-        self,
-        tape: str,
-        archived: str | None,
-        rows: Callable[[str | None], list[Row]],
-        carry_inbound_after: int | None,
-    ) -> str | None:
-        return await self._write(_reset, tape, archived, rows, carry_inbound_after, utc_now())
+    async def _reset(self, reset: Reset) -> str | None:
+        return await self._write(_reset, reset, utc_now())
 
-    async def _append_copies(
-        self,
-        tape: str,
-        entries: list[TapeEntry],
-        rows: list[Row],
-        session_id: str | None,
-        updated: str,
-    ) -> None:
-        await self._write(_append_copies, tape, entries, rows, session_id, updated)
+    async def _append_copies(self, copies: Copies) -> None:
+        await self._write(_append_copies, copies)
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
@@ -431,82 +412,60 @@ async def _allocate_and_insert(
     return sorted(r[0] for r in found) if found else None
 
 
-async def _append(
-    conn: asyncpg.Connection,
-    tape: str,
-    rows: list[Row],
-    dedupe_keys: list[str],
-    if_no_anchor: bool,
-    bootstrap: Row | None,
-    session_id: str | None,
-    now: str,
-) -> list[int]:
-    tape_id, _ = await _lock_tape(conn, tape, session_id, now)
-    skip = 0
-    if if_no_anchor or bootstrap is not None:
+async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
+    tape_id, _ = await _lock_tape(conn, w.tape, w.session_id, now)
+    rows, skip = w.rows, 0
+    if w.if_no_anchor or w.bootstrap is not None:
         # A statement after the lock: it sees every entry committed before we got it.
         has_anchor = await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM bub_entries WHERE tape = $1 AND kind = 'anchor')",
             tape_id,
         )
-        if if_no_anchor and has_anchor:
+        if w.if_no_anchor and has_anchor:
             raise _Refused
-        if bootstrap is not None and not has_anchor:
-            rows = [bootstrap, *rows]
+        if w.bootstrap is not None and not has_anchor:
+            rows = [w.bootstrap, *rows]
             skip = 1
     ids: list[int] = []
     if rows:
-        written = await _allocate_and_insert(conn, tape, rows, session_id)
+        written = await _allocate_and_insert(conn, w.tape, rows, w.session_id)
         assert written is not None  # the row exists: we hold its lock
         ids = written[skip:]
-    if dedupe_keys:
+    if w.dedupe_keys:
         # The primary key is the guard: a key recorded (or being recorded) by any other
         # transaction makes this insert skip it, and the whole group rolls back.
         status = await conn.execute(
             "INSERT INTO bub_dedupe (key, tape, entry_id, date)"
             " SELECT k, $2, $3, $4 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING",
-            dedupe_keys,
-            tape,
+            w.dedupe_keys,
+            w.tape,
             ids[0] if ids else 0,
             now,
         )
-        if int(status.split()[-1]) != len(dedupe_keys):
+        if int(status.split()[-1]) != len(w.dedupe_keys):
             raise _Refused
     return ids
 
 
-async def _append_copies(
-    conn: asyncpg.Connection,
-    tape: str,
-    entries: list[TapeEntry],
-    rows: list[Row],
-    session_id: str | None,
-    updated: str,
-) -> None:
-    tape_id, last = await _lock_tape(conn, tape, session_id, updated)
-    check_copy_ids(tape, entries, last)
-    if rows:
+async def _append_copies(conn: asyncpg.Connection, w: Copies) -> None:
+    tape_id, last = await _lock_tape(conn, w.tape, w.session_id, w.updated)
+    check_copy_ids(w.tape, w.entries, last)
+    if w.rows:
         await conn.execute(
             "INSERT INTO bub_entries (tape, id, kind, name, payload, meta, date)"
             " SELECT $1, r.* FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[],"
             " $6::text[], $7::text[]) AS r",
             tape_id,
-            [e.id for e in entries],
-            *_columns(rows),
+            [e.id for e in w.entries],
+            *_columns(w.rows),
         )
         await conn.execute(
-            "UPDATE bub_tapes SET last_id = $2 WHERE id = $1", tape_id, entries[-1].id
+            "UPDATE bub_tapes SET last_id = $2 WHERE id = $1", tape_id, w.entries[-1].id
         )
 
 
-async def _reset(
-    conn: asyncpg.Connection,
-    tape: str,
-    archived: str | None,
-    make_rows: Callable[[str | None], list[Row]],
-    carry_after: int | None,
-    now: str,
-) -> str | None:
+async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
+    tape, archived, carry_after = w.tape, w.archived, w.carry_inbound_after
     # Lock the tape and its sidecars (in id order, as every reset does) for the transaction.
     family = await conn.fetch(
         "SELECT id, name, session_id FROM bub_tapes"
@@ -517,7 +476,7 @@ async def _reset(
     session = next((r for r in family if r["name"] == tape), None)
     if session is None:
         archived = None  # never written: nothing to archive
-    rows = make_rows(archived)
+    rows = w.rows(archived)
     if carry_after is not None and session is not None:
         later = await conn.fetch(
             "SELECT kind, name, payload, meta, date FROM bub_entries"

@@ -18,10 +18,12 @@ from .names import SIDECAR_SEP, tape_role
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .store import (
     AnchorNotFound,
+    Append,
+    Copies,
     DedupeRecord,
     Opening,
     QuerySpec,
-    Row,
+    Reset,
     StoreBase,
     TapeStats,
     TapeStoreError,
@@ -107,37 +109,14 @@ class SQLiteTapeStore(StoreBase):
             raise TapeStoreError(f"tape database {self.location}: {exc}") from None
 
     # -- writes -------------------------------------------------------------------------------
-    async def _append(
-        self,
-        tape: str,
-        rows: list[Row],
-        dedupe_keys: list[str],
-        if_no_anchor: bool,
-        bootstrap: Row | None,
-        session_id: str | None,
-    ) -> list[int] | None:
-        return await self._run(
-            _append, tape, rows, dedupe_keys, if_no_anchor, bootstrap, session_id, utc_now()
-        )
+    async def _append(self, append: Append) -> list[int] | None:
+        return await self._run(_append, append, utc_now())
 
-    async def _reset(
-        self,
-        tape: str,
-        archived: str | None,
-        rows: Callable[[str | None], list[Row]],
-        carry_inbound_after: int | None,
-    ) -> str | None:
-        return await self._run(_reset, tape, archived, rows, carry_inbound_after, utc_now())
+    async def _reset(self, reset: Reset) -> str | None:
+        return await self._run(_reset, reset, utc_now())
 
-    async def _append_copies(
-        self,
-        tape: str,
-        entries: list[TapeEntry],
-        rows: list[Row],
-        session_id: str | None,
-        updated: str,
-    ) -> None:
-        await self._run(_append_copies, tape, entries, rows, session_id, updated)
+    async def _append_copies(self, copies: Copies) -> None:
+        await self._run(_append_copies, copies)
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
@@ -221,42 +200,33 @@ _INSERT = (
 )
 
 
-def _append(
-    conn: sqlite3.Connection,
-    tape: str,
-    rows: list[Row],
-    dedupe_keys: list[str],
-    if_no_anchor: bool,
-    bootstrap: Row | None,
-    session_id: str | None,
-    now: str,
-) -> list[int] | None:
+def _append(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | None:
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if dedupe_keys:
-            marks = ",".join("?" * len(dedupe_keys))
-            seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", dedupe_keys)
+        if w.dedupe_keys:
+            marks = ",".join("?" * len(w.dedupe_keys))
+            seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", w.dedupe_keys)
             if seen.fetchone() is not None:
                 conn.execute("ROLLBACK")
                 return None
-        tape_id = _tape_id(conn, tape, session_id, now)
+        tape_id = _tape_id(conn, w.tape, w.session_id, now)
         last_id = _last_id(conn, tape_id)
-        has_anchor = (if_no_anchor or bootstrap is not None) and _last_anchor(conn, tape_id) > 0
-        if if_no_anchor and has_anchor:
+        has_anchor = (w.if_no_anchor or w.bootstrap is not None) and _last_anchor(conn, tape_id) > 0
+        if w.if_no_anchor and has_anchor:
             conn.execute("ROLLBACK")
             return None
-        skip = 0
-        if bootstrap is not None and not has_anchor:
-            rows = [bootstrap, *rows]
+        rows, skip = w.rows, 0
+        if w.bootstrap is not None and not has_anchor:
+            rows = [w.bootstrap, *rows]
             skip = 1
         ids = list(range(last_id + 1, last_id + 1 + len(rows)))
         conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)])
         ids = ids[skip:]
-        if dedupe_keys:
+        if w.dedupe_keys:
             first_id = ids[0] if ids else 0
             conn.executemany(
                 "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
-                [(key, tape, first_id, now) for key in dedupe_keys],
+                [(key, w.tape, first_id, now) for key in w.dedupe_keys],
             )
         conn.execute("COMMIT")
         return ids
@@ -265,20 +235,13 @@ def _append(
         raise
 
 
-def _append_copies(
-    conn: sqlite3.Connection,
-    tape: str,
-    entries: list[TapeEntry],
-    rows: list[Row],
-    session_id: str | None,
-    updated: str,
-) -> None:
+def _append_copies(conn: sqlite3.Connection, w: Copies) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
-        tape_id = _tape_id(conn, tape, session_id, updated, updated)
-        check_copy_ids(tape, entries, _last_id(conn, tape_id))
+        tape_id = _tape_id(conn, w.tape, w.session_id, w.updated, w.updated)
+        check_copy_ids(w.tape, w.entries, _last_id(conn, tape_id))
         conn.executemany(
-            _INSERT, [(tape_id, e.id, *row) for e, row in zip(entries, rows, strict=True)]
+            _INSERT, [(tape_id, e.id, *row) for e, row in zip(w.entries, w.rows, strict=True)]
         )
         conn.execute("COMMIT")
     except BaseException:
@@ -311,14 +274,8 @@ def _family(conn: sqlite3.Connection, tape: str) -> list[tuple[int, str]]:
     ).fetchall()
 
 
-def _reset(
-    conn: sqlite3.Connection,
-    tape: str,
-    archived: str | None,
-    make_rows: Callable[[str | None], list[Row]],
-    carry_after: int | None,
-    now: str,
-) -> str | None:
+def _reset(conn: sqlite3.Connection, w: Reset, now: str) -> str | None:
+    tape, archived, carry_after = w.tape, w.archived, w.carry_inbound_after
     conn.execute("BEGIN IMMEDIATE")
     try:
         session = conn.execute(
@@ -326,7 +283,7 @@ def _reset(
         ).fetchone()
         if session is None:
             archived = None  # never written: nothing to archive
-        rows = make_rows(archived)
+        rows = w.rows(archived)
         if carry_after is not None and session is not None:
             later = conn.execute(
                 "SELECT kind, name, payload, meta, date FROM entries WHERE tape = ? AND id > ?"

@@ -233,6 +233,44 @@ def safe_text(value: str) -> str:
 Row = tuple[str, str | None, str, str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One append transaction as a store runs it: the rows, checked and encoded; the dedupe
+    keys, sorted (two transactions recording the same keys take them in the same order).
+    The store returns the rows' ids, or None when it refused: a dedupe key was recorded
+    already, or `if_no_anchor` and the tape has an anchor."""
+
+    tape: str
+    rows: list[Row]
+    dedupe_keys: list[str]
+    if_no_anchor: bool
+    bootstrap: Row | None
+    session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """One reset transaction: `rows(archive name or None)` starts the fresh tape; the store
+    archives under `archived` (None: deletes) and returns the archive name, None when the
+    tape was never written."""
+
+    tape: str
+    archived: str | None
+    rows: Callable[[str | None], list[Row]]
+    carry_inbound_after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Copies:
+    """One copy transaction: `rows` (of `entries`) keep their ids and dates."""
+
+    tape: str
+    entries: list[TapeEntry]
+    rows: list[Row]
+    session_id: str | None
+    updated: str
+
+
 def entry_row(e: TapeEntry) -> Row:
     """An entry as a stored row (kind, name, payload, meta, date); fails before any write."""
     name = e.name
@@ -411,27 +449,19 @@ class StoreBase:
         """Append entries in one transaction and return them with their ids (see TapeStore)."""
         entries = list(entries)
         ids = await self._append(
-            tape,
-            [entry_row(e) for e in entries],
-            # Sorted: two transactions recording the same keys take them in the same order.
-            sorted({safe_text(k) for k in dedupe_keys}),
-            if_no_anchor,
-            entry_row(bootstrap) if bootstrap else None,
-            safe_text(session_id) if session_id else None,
+            Append(
+                tape,
+                [entry_row(e) for e in entries],
+                sorted({safe_text(k) for k in dedupe_keys}),
+                if_no_anchor,
+                entry_row(bootstrap) if bootstrap else None,
+                safe_text(session_id) if session_id else None,
+            )
         )
         return None if ids is None else with_ids(entries, ids)
 
-    async def _append(
-        self,
-        tape: str,
-        rows: list[Row],
-        dedupe_keys: list[str],
-        if_no_anchor: bool,
-        bootstrap: Row | None,
-        session_id: str | None,
-    ) -> list[int] | None:
-        """The store's append transaction: the ids of `rows`, or None when refused (a dedupe
-        key already recorded, or `if_no_anchor` on a tape with an anchor)."""
+    async def _append(self, append: Append) -> list[int] | None:
+        """The store's append transaction (see `Append`)."""
         raise NotImplementedError
 
     async def append_copies(
@@ -445,23 +475,18 @@ class StoreBase:
         """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
         entries = list(entries)
         await self._append_copies(
-            tape,
-            entries,
-            [entry_row(e) for e in entries],
-            safe_text(session_id) if session_id else None,
-            updated or utc_now(),
+            Copies(
+                tape,
+                entries,
+                [entry_row(e) for e in entries],
+                safe_text(session_id) if session_id else None,
+                updated or utc_now(),
+            )
         )
         return len(entries)
 
-    async def _append_copies(
-        self,
-        tape: str,
-        entries: list[TapeEntry],
-        rows: list[Row],
-        session_id: str | None,
-        updated: str,
-    ) -> None:
-        """The store's copy transaction: `rows` (of `entries`) keep their ids."""
+    async def _append_copies(self, copies: Copies) -> None:
+        """The store's copy transaction (see `Copies`)."""
         raise NotImplementedError
 
     async def reset(
@@ -479,17 +504,10 @@ class StoreBase:
             return [entry_row(e) for e in (first(archived) if first else ())]
 
         name = archive_name(tape) if archive else None
-        return await self._reset(tape, name, rows, carry_inbound_after)
+        return await self._reset(Reset(tape, name, rows, carry_inbound_after))
 
-    async def _reset(
-        self,
-        tape: str,
-        archived: str | None,
-        rows: Callable[[str | None], list[Row]],
-        carry_inbound_after: int | None,
-    ) -> str | None:
-        """The store's reset transaction: `rows(archive name or None)` starts the fresh tape;
-        `archived` becomes None when the tape was never written."""
+    async def _reset(self, reset: Reset) -> str | None:
+        """The store's reset transaction (see `Reset`)."""
         raise NotImplementedError
 
     async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
