@@ -9,9 +9,9 @@ from .connect import open_store
 from .context import Selector, default_selector, visible
 from .entries import KINDS, PayloadError, TapeEntry, utc_now
 from .names import archive_name, sidecar_name, tape_name
+from .query import AnchorNotFound
 from .sqlite import SQLiteTapeStore
 from .store import (
-    AnchorNotFound,
     DedupeRecord,
     TapeStats,
     TapeStore,

@@ -129,3 +129,15 @@ def dumps(value: Any, what: str) -> str:
         # UTF-8; ASCII escapes keep them exactly and still round-trip through json.loads.
         text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     return text
+
+
+def safe_text(value: str) -> str:
+    """`value` as text every database stores: NUL and lone surrogates escaped, the same way
+    every time (so a key written this way is found again)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value

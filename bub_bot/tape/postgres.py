@@ -27,17 +27,16 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from .entries import TapeEntry, utc_now
+from .entries import TapeEntry, safe_text, utc_now
 from .names import SIDECAR_SEP, tape_role
 from .postgres_leases import PostgresLeases
+from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
 from .store import (
-    AnchorNotFound,
     Append,
     Copies,
     DedupeRecord,
     Opening,
-    QuerySpec,
     Reset,
     Row,
     StoreBase,
@@ -47,13 +46,10 @@ from .store import (
     check_copy_ids,
     is_inbound,
     row_entry,
-    safe_text,
 )
 from .urls import parse_database_url
 
 T = TypeVar("T")
-
-_TAPE_ID = "(SELECT id FROM bub_tapes WHERE name = $1)"
 
 
 class _Refused(Exception):
@@ -267,30 +263,13 @@ class PostgresTapeStore(StoreBase):
             start = spec.start_anchor
             if start is None:
                 # The hot path (read_context): one statement, index lookups only.
-                sql, args = _entries_sql(spec, _TAPE_ID, spec.tape, spec.after_id, spec.before_id)
-                return [row_entry(*r) for r in await conn.fetch(sql, *args)]
-            bounds = await conn.fetchrow(
-                "SELECT t.id,"
-                " (SELECT max(id) FROM bub_entries"
-                " WHERE tape = t.id AND kind = 'anchor' AND name = $2) AS start"
-                " FROM bub_tapes t WHERE t.name = $1",
-                spec.tape,
-                safe_text(start),
-            )
-            if bounds is None or bounds["start"] is None:
-                raise AnchorNotFound(f"anchor {start!r} not found")
-            lo, hi = max(spec.after_id, bounds["start"]), spec.before_id
-            if spec.between is not None:
-                stop = await conn.fetchval(
-                    "SELECT min(id) FROM bub_entries"
-                    " WHERE tape = $1 AND kind = 'anchor' AND name = $2 AND id > $3",
-                    bounds["id"],
-                    safe_text(spec.between[1]),
-                    bounds["start"],
+                sql, args = POSTGRES.entries(
+                    spec, spec.tape, spec.after_id, spec.before_id, by_name=True
                 )
-                if stop is not None:
-                    hi = stop if hi is None else min(hi, stop)
-            sql, args = _entries_sql(spec, "$1", bounds["id"], lo, hi)
+            else:
+                end = safe_text(spec.between[1]) if spec.between else None
+                found = await conn.fetchrow(POSTGRES.anchors(), spec.tape, safe_text(start), end)
+                sql, args = POSTGRES.entries(spec, *spec.anchored(found))
             return [row_entry(*r) for r in await conn.fetch(sql, *args)]
 
     async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
@@ -503,40 +482,3 @@ async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
     if rows:
         await _allocate_and_insert(conn, tape, rows, None)
     return archived
-
-
-def _entries_sql(
-    spec: QuerySpec, tape_ref: str, tape_arg: Any, lo: int, hi: int | None
-) -> tuple[str, list[Any]]:
-    """The entries query for `spec` between ids `lo` and `hi` (exclusive); `tape_ref` is `$1`
-    (a tape id) or a subquery on the name in `$1`."""
-    args: list[Any] = [tape_arg, lo]
-    low = "$2"
-    if spec.after_last_anchor:
-        low = (
-            f"greatest($2, (SELECT coalesce(max(a.id), 0) FROM bub_entries a"
-            f" WHERE a.tape = {tape_ref} AND a.kind = 'anchor'))"
-        )
-    sql = f"SELECT id, kind, payload, meta, date FROM bub_entries WHERE tape = {tape_ref} AND id > {low}"
-
-    def arg(value: Any) -> str:
-        args.append(value)
-        return f"${len(args)}"
-
-    if hi is not None:
-        sql += f" AND id < {arg(hi)}"
-    kind = spec.kind_sql()
-    if kind:
-        sql += " AND " + kind
-    if spec.names is not None:
-        sql += f" AND name = ANY({arg(list(spec.names))}::text[])"
-    for bound in (spec.since, spec.until):
-        if bound is not None:
-            sql += f" AND date {bound[0]} {arg(bound[1])}"
-    if spec.needle:
-        # lower() under the "C" collation folds ASCII only, as the needle is folded.
-        sql += f" AND strpos(lower(payload), {arg(spec.needle)}) > 0"
-    sql += " ORDER BY id DESC" if spec.newest_first else " ORDER BY id"
-    if spec.limit is not None:
-        sql += f" LIMIT {arg(spec.limit)}"
-    return sql, args

@@ -13,16 +13,15 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from .entries import TapeEntry, utc_now
+from .entries import TapeEntry, safe_text, utc_now
 from .names import SIDECAR_SEP, tape_role
+from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .store import (
-    AnchorNotFound,
     Append,
     Copies,
     DedupeRecord,
     Opening,
-    QuerySpec,
     Reset,
     StoreBase,
     TapeStats,
@@ -31,7 +30,6 @@ from .store import (
     check_copy_ids,
     is_inbound,
     row_entry,
-    safe_text,
 )
 
 T = TypeVar("T")
@@ -324,61 +322,15 @@ def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
     )
 
 
-def _anchor_id(conn: sqlite3.Connection, tape_id: int, name: str) -> int | None:
-    row = conn.execute(
-        "SELECT max(id) FROM entries WHERE tape = ? AND kind = 'anchor' AND name = ?",
-        (tape_id, safe_text(name)),
-    ).fetchone()
-    return row[0] if row else None
-
-
 def _query(conn: sqlite3.Connection, spec: QuerySpec) -> list[TapeEntry]:
-    row = conn.execute("SELECT id FROM tapes WHERE name = ?", (spec.tape,)).fetchone()
     start = spec.start_anchor
-    if row is None:
-        if start is not None:
-            raise AnchorNotFound(f"anchor {start!r} not found")
-        return []
-    tape_id = row[0]
-    lo, hi = spec.after_id, spec.before_id
-    if spec.after_last_anchor:
-        lo = max(lo, _last_anchor(conn, tape_id))
-    if start is not None:
-        found = _anchor_id(conn, tape_id, start)
-        if found is None:
-            raise AnchorNotFound(f"anchor {start!r} not found")
-        lo = max(lo, found)
-        if spec.between is not None:
-            stop = conn.execute(
-                "SELECT min(id) FROM entries WHERE tape = ? AND kind = 'anchor' AND name = ?"
-                " AND id > ?",
-                (tape_id, safe_text(spec.between[1]), found),
-            ).fetchone()[0]
-            if stop is not None:
-                hi = stop if hi is None else min(hi, stop)
-    sql = "SELECT id, kind, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
-    args: list[Any] = [tape_id, lo]
-    if hi is not None:
-        sql += " AND id < ?"
-        args.append(hi)
-    kind = spec.kind_sql()
-    if kind:
-        sql += " AND " + kind
-    if spec.names is not None:
-        sql += f" AND name IN ({','.join('?' * len(spec.names))})"
-        args.extend(spec.names)
-    for bound in (spec.since, spec.until):
-        if bound is not None:
-            sql += f" AND date {bound[0]} ?"
-            args.append(bound[1])
-    if spec.needle:
-        # SQLite's lower() folds ASCII only, as the needle is folded.
-        sql += " AND instr(lower(payload), ?) > 0"
-        args.append(spec.needle)
-    sql += " ORDER BY id DESC" if spec.newest_first else " ORDER BY id"
-    if spec.limit is not None:
-        sql += " LIMIT ?"
-        args.append(spec.limit)
+    if start is None:
+        # The common read (read_context): one statement, index lookups only.
+        sql, args = SQLITE.entries(spec, spec.tape, spec.after_id, spec.before_id, by_name=True)
+    else:
+        end = safe_text(spec.between[1]) if spec.between else None
+        found = conn.execute(SQLITE.anchors(), (spec.tape, safe_text(start), end)).fetchone()
+        sql, args = SQLITE.entries(spec, *spec.anchored(found))
     return [row_entry(*r) for r in conn.execute(sql, args)]
 
 

@@ -10,26 +10,20 @@ finds any script, and exact round trips of payload, meta and date.
 from __future__ import annotations
 
 import json
-import string
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from .entries import KINDS, TapeEntry, dumps, utc_now
+from .entries import TapeEntry, dumps, safe_text, utc_now
 from .leases import Leases, LocalLeases
 from .names import archive_name
-
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+from .query import QuerySpec
 
 
 class TapeStoreError(RuntimeError):
     """The tape database cannot be opened or used; the message names where and why (one line,
     never a password)."""
-
-
-class AnchorNotFound(LookupError):
-    """A query named an anchor the tape does not have."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,18 +212,6 @@ class Opening(Generic[S]):
 
 
 # -- shared by the stores --------------------------------------------------------------------
-def safe_text(value: str) -> str:
-    """`value` as text every database stores: NUL and lone surrogates escaped, the same way
-    every time (so a key written this way is found again)."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\\x00")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
-
-
 Row = tuple[str, str | None, str, str, str]
 
 
@@ -297,123 +279,6 @@ def is_inbound(meta: str) -> bool:
     parsed = json.loads(meta)
     value = parsed.get("inbound")
     return (value is True or value == 1) and "copy_of" not in parsed
-
-
-def _day_start(d: date) -> str:
-    return datetime(d.year, d.month, d.day, tzinfo=UTC).isoformat(timespec="microseconds")
-
-
-def date_bound(value: str | date | datetime, *, end: bool) -> tuple[str, str]:
-    """Turn a user date bound into (operator, ISO string); bare dates cover whole UTC days."""
-    if isinstance(value, datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-        return ("<=" if end else ">="), moment.astimezone(UTC).isoformat(timespec="microseconds")
-    if isinstance(value, date):
-        day = value
-    else:
-        text = str(value).strip()
-        try:
-            if len(text) == 10:
-                day = date.fromisoformat(text)
-            else:
-                return date_bound(datetime.fromisoformat(text.replace("Z", "+00:00")), end=end)
-        except ValueError:
-            raise ValueError(f"not a date or ISO-8601 time: {value!r}") from None
-    if end:
-        return "<", _day_start(day + timedelta(days=1))
-    return ">=", _day_start(day)
-
-
-@dataclass(frozen=True, slots=True)
-class QuerySpec:
-    """A query's filters, checked and normalised once for every store.
-
-    Anchor filters: after the last anchor; after the last occurrence of a named anchor;
-    `between=(start, end)`: after the last `start` anchor and before the first `end` anchor
-    that follows it (to the end of the tape if none does). `since`/`until` take datetimes or
-    ISO strings; a bare date (YYYY-MM-DD) covers the whole UTC day. `text` finds a substring of
-    the payload in any script, case-insensitive for ASCII letters only (`needle` is the text
-    as it appears inside stored JSON, ASCII-folded).
-    """
-
-    tape: str
-    after_last_anchor: bool = False
-    after_anchor: str | None = None
-    between: tuple[str, str] | None = None
-    after_id: int = 0
-    before_id: int | None = None
-    kinds: tuple[str, ...] | None = None
-    names: tuple[str, ...] | None = None
-    since: tuple[str, str] | None = None
-    until: tuple[str, str] | None = None
-    needle: str | None = None
-    limit: int | None = None
-    newest_first: bool = False
-
-    @classmethod
-    def build(
-        cls,
-        tape: str,
-        *,
-        after_last_anchor: bool = False,
-        after_anchor: str | None = None,
-        between: tuple[str, str] | None = None,
-        after_id: int | None = None,
-        before_id: int | None = None,
-        kinds: Iterable[str] | None = None,
-        names: Iterable[str] | None = None,
-        since: str | date | datetime | None = None,
-        until: str | date | datetime | None = None,
-        text: str | None = None,
-        limit: int | None = None,
-        newest_first: bool = False,
-    ) -> QuerySpec:
-        """Check the filters (ValueError naming the bad one) and normalise them."""
-        kind_list = None
-        if kinds is not None:
-            kind_list = tuple(kinds)
-            unknown = [k for k in kind_list if k not in KINDS]
-            if unknown:
-                raise ValueError(f"unknown entry kind(s) {unknown}; kinds are {', '.join(KINDS)}")
-        needle = None
-        if text:
-            # Payloads are stored as JSON without ASCII escapes, so any script matches as-is;
-            # the needle is escaped the same way so quotes and newlines match too. Only ASCII
-            # is folded (both databases fold the stored side the same way), so "Привет" is
-            # found as written.
-            needle = safe_text(json.dumps(text, ensure_ascii=False)[1:-1]).translate(_ASCII_LOWER)
-        return cls(
-            tape=tape,
-            after_last_anchor=after_last_anchor,
-            after_anchor=after_anchor,
-            between=between,
-            after_id=int(after_id or 0),
-            before_id=None if before_id is None else int(before_id),
-            kinds=kind_list,
-            names=None if names is None else tuple(safe_text(n) for n in names),
-            since=None if since is None else date_bound(since, end=False),
-            until=None if until is None else date_bound(until, end=True),
-            needle=needle,
-            limit=None if limit is None else int(limit),
-            newest_first=newest_first,
-        )
-
-    @property
-    def start_anchor(self) -> str | None:
-        """The named anchor the view starts after, if any."""
-        if self.between is not None:
-            return self.between[0]
-        return self.after_anchor
-
-    def kind_sql(self) -> str | None:
-        """The kind filter as literal SQL (kinds are checked), so partial indexes apply."""
-        if self.kinds is None:
-            return None
-        if len(self.kinds) == 1:
-            return f"kind = '{self.kinds[0]}'"
-        if not self.kinds:
-            return "FALSE"
-        return f"kind IN ({','.join(repr(k) for k in self.kinds)})"
 
 
 class StoreBase:
