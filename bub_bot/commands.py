@@ -1,4 +1,4 @@
-"""Chat commands: /handoff /reset /status /anchors /tools /help.
+"""Chat commands: /handoff /reset /status /anchors /tools /schedules /unschedule /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -20,10 +20,13 @@ USAGE = {
     "status": "/status — entries, anchors, last anchor, last token usage",
     "anchors": "/anchors [count] — the most recent anchors",
     "tools": "/tools — the tools the model has here (built-in and MCP servers)",
+    "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
+    "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
 _NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ def parse(
 
 
 def _check(name: str, args: str) -> Command:
-    if name in ("reset", "status", "tools", "help"):
+    if name in ("reset", "status", "tools", "schedules", "help"):
         if args:
             return Command(name, args, f"{name} takes no arguments. Usage: {USAGE[name]}")
         return Command(name, args)
@@ -89,6 +92,10 @@ def _check(name: str, args: str) -> Command:
         if args.isdigit() and 1 <= int(args) <= 100:
             return Command(name, args, count=int(args))
         return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    if name == "unschedule":
+        if not _JOB_ID_RE.fullmatch(args):
+            return Command(name, args, f"give one job id. Usage: {USAGE[name]}")
+        return Command(name, args)
     # handoff
     anchor_name = "handoff"
     summary = args

@@ -20,6 +20,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
 from .mcp_config import load_mcp_config
+from .schedules.times import zone_named
 from .tape.urls import parse_database_url
 from .workspaces import load_workspace_map
 
@@ -125,6 +126,17 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=15.0, ge=1, le=3600)
     """How long a replica's claim on a session lasts without renewal (PostgreSQL, several
     replicas): a dead replica's sessions are taken over after about this long."""
+
+    # time and schedules (bub_bot/schedules)
+    timezone: str = "UTC"
+    """IANA zone for times people read and give without a zone (schedules, calendar days)."""
+    schedule_max_per_session: int = Field(default=20, ge=0, le=10_000)
+    schedule_min_interval_seconds: float = Field(default=300.0, ge=0)
+    """The shortest gap between two runs of a recurring job."""
+    schedule_grace_seconds: float = Field(default=3600.0, ge=0)
+    """A job that fires later than this after its time (the bot was down) says it is late."""
+    schedule_drop_seconds: float = Field(default=86400.0, ge=0)
+    """A job later than this is not run; the conversation gets a note instead (0: never)."""
     # streaming replies: the answer appears while the model writes it
     stream: bool = True
     stream_interval_ms: int | None = Field(default=None, ge=0, le=60_000)
@@ -177,6 +189,12 @@ class Settings(BaseSettings):
     @classmethod
     def _check_rate(cls, value: str) -> str:
         parse_rate(value)
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        zone_named(value)  # ValueError naming the zone
         return value
 
     @field_validator("mcp_config", "workspace_map", "stream_interval_ms", mode="before")
@@ -301,6 +319,11 @@ class Settings(BaseSettings):
                 )
         elif self.slack_app_token or self.slack_signing_secret:
             raise ConfigError("BUB_SLACK_BOT_TOKEN must be set to enable Slack")
+        if self.schedule_drop_seconds and self.schedule_drop_seconds < self.schedule_grace_seconds:
+            raise ConfigError(
+                "BUB_SCHEDULE_DROP_SECONDS must be 0 (never drop) or at least"
+                " BUB_SCHEDULE_GRACE_SECONDS"
+            )
         if self.mcp_config is not None:
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
         if self.workspace_map is not None:

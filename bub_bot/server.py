@@ -15,6 +15,7 @@ from aiohttp import web
 from channels.base import Announces, Channel
 
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
+from .agent.schedule_tools import register_schedule_tools
 from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
 from .tape import TapeStore, open_store
@@ -82,6 +83,7 @@ class Bot:
         # Several replicas on one PostgreSQL database share leases; SQLite grants them all.
         leases = store.leases(owner_id(), settings.lease_seconds)
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases)
+        register_schedule_tools(agent.tools, runtime.schedules)
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)
         bot = cls(settings, store, agent, runtime, channels)

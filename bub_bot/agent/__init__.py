@@ -4,7 +4,7 @@ from .builtin import default_registry, summary_note
 from .loop import AUTO_HANDOFF_ANCHOR, Agent, TurnResult
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply, is_context_overflow
 from .streaming import Progress, ProgressCallback
-from .tools import Tool, ToolContext, ToolError, ToolRegistry
+from .tools import Origin, Tool, ToolContext, ToolError, ToolRegistry
 
 __all__ = [
     "AUTO_HANDOFF_ANCHOR",
@@ -13,6 +13,7 @@ __all__ = [
     "ModelClient",
     "ModelError",
     "ModelReply",
+    "Origin",
     "Progress",
     "ProgressCallback",
     "Tool",

@@ -18,7 +18,7 @@ from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
-from .tools import ToolContext, ToolRegistry
+from .tools import Origin, ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Agent:
         turn_id: str = "",
         turn_start: int | None = None,
         progress: ProgressCallback | None = None,
+        origin: Origin | None = None,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -89,7 +90,8 @@ class Agent:
         command); `before_step(step)` runs before each model call. `turn_start`: the entry id
         after which this turn's user messages begin (default: the end of the tape).
         `progress` sees each step as it is written (its text so far; the names of the tools
-        a step calls): the model streams when it is given.
+        a step calls): the model streams when it is given. `origin`: where the turn's work
+        came from, for the tools (`ToolContext.origin`).
         """
         workspace = workspace or self.settings.workspace
         started_turn = time.perf_counter()
@@ -100,7 +102,8 @@ class Agent:
         if turn_start is None:
             turn_start = written[0].id - 1
 
-        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings)
+        origin = origin or Origin(session_id=tape.session_id or "")
+        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
         seen_through = 0

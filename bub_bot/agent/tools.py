@@ -17,6 +17,19 @@ if TYPE_CHECKING:
     from ..tape import Tape, TapeEntry
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a turn's work came from: the newest message it answers. Its answer goes to
+    `channel` / `reply_target`; `sender` is whom it counts for; `via` is the message's
+    `meta.origin` ("" for a chat message, "schedule" for a due job's)."""
+
+    session_id: str = ""
+    channel: str = ""
+    reply_target: dict[str, Any] = field(default_factory=dict)
+    sender: dict[str, Any] = field(default_factory=dict)
+    via: str = ""
+
+
 @dataclass
 class ToolContext:
     """What a tool may touch: the session's tape, its workspace, and deferred tape writes."""
@@ -28,6 +41,8 @@ class ToolContext:
     """Entries written right after the current step (a handoff must follow the step's
     tool call and result, not precede them)."""
     handed_off: bool = False
+    origin: Origin = field(default_factory=Origin)
+    """The conversation and person the turn is for (tools that post later: schedules)."""
 
 
 class ToolError(Exception):

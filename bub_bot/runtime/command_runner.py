@@ -1,4 +1,5 @@
-"""Running chat commands (/handoff /reset /status /anchors /tools /help) on a session's tape.
+"""Running chat commands (/handoff /reset /status /anchors /tools /schedules /unschedule
+/help) on a session's tape.
 
 Every command ends with a reply entry on the tape (`command.done`), whatever happened, so one
 bad command can never block the commands and messages queued behind it.
@@ -15,6 +16,7 @@ from .. import commands
 from ..agent import Agent, summary_note
 from ..agent.model import ModelError
 from ..config import Settings
+from ..schedules.book import ScheduleBook, jobs_text
 from ..tape import Tape, TapeEntry
 from .delivery import Delivery
 from .session import Session
@@ -32,12 +34,18 @@ class CommandRunner:
     """Runs one command entry of a session and records its reply."""
 
     def __init__(
-        self, settings: Settings, agent: Agent, delivery: Delivery, emit: Callable[..., None]
+        self,
+        settings: Settings,
+        agent: Agent,
+        delivery: Delivery,
+        emit: Callable[..., None],
+        schedules: ScheduleBook | None = None,
     ) -> None:
         self.settings = settings
         self.agent = agent
         self.delivery = delivery
         self._emit = emit
+        self.schedules = schedules
 
     async def run(self, session: Session, command: TapeEntry) -> None:
         """Run `command`; a failure of any kind still ends in a recorded reply."""
@@ -130,7 +138,19 @@ class CommandRunner:
         if command.name == "tools":
             await self.agent.tools.prepare(session.workspace)  # as a turn would
             return commands.tools_text(self.agent.tools, session.workspace)
+        if command.name in ("schedules", "unschedule"):
+            return await self._schedules(session, command)
         return commands.help_text()
+
+    async def _schedules(self, session: Session, command: commands.Command) -> str:
+        if self.schedules is None:
+            return "Scheduled jobs are not available here."
+        if command.name == "schedules":
+            return jobs_text(await self.schedules.list(session.id))
+        removed = await self.schedules.remove(session.id, command.args)
+        if removed is None:
+            return f"This conversation has no scheduled job {command.args}. See /schedules."
+        return f"Removed scheduled job {removed.id}: {removed.data.get('prompt', '')}"
 
     async def _handoff(self, session: Session, command: commands.Command) -> str:
         tape: Tape = session.tape

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from channels.base import Channel, Inbound, Received
 
 from ..agent import Agent
 from ..config import Settings
+from ..schedules.book import ScheduleBook
+from ..schedules.prompts import PromptKind
 from ..tape import Tape, TapeStore
 from .command_runner import CommandRunner
 from .delivery import Delivery
@@ -22,6 +25,7 @@ from .leases import Leadership, LeaseKeeper, Leases, LocalLeases
 from .placement import Placement
 from .recovery import Recovery
 from .session import Session, Sessions
+from .timer import Timer
 from .turns import TurnRunner
 from .worker import SessionWorker
 
@@ -38,8 +42,11 @@ class Runtime:
         agent: Agent,
         channels: dict[str, Channel] | None = None,
         leases: Leases | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.clock = clock
+        """UNIX seconds now: when jobs are due (tests move it instead of waiting)."""
         self.leases: Leases = leases or LocalLeases()
         self.lease_keeper = LeaseKeeper(self.leases, settings.lease_seconds, self._emit)
         self.store = store
@@ -50,7 +57,11 @@ class Runtime:
         self.sessions = Sessions(store, settings.workspace)
         self.placement = Placement(settings, store)
         self.delivery = Delivery(self.channels, self._emit, settings)
-        self.commands = CommandRunner(settings, agent, self.delivery, self._emit)
+        self.schedules = ScheduleBook(store, settings, clock)
+        """A conversation's prompt jobs (the `schedule.*` tools, /schedules)."""
+        self.commands = CommandRunner(
+            settings, agent, self.delivery, self._emit, schedules=self.schedules
+        )
         slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self.turns = TurnRunner(
             settings, store, agent, self.channels, self.delivery, slots, self._emit
@@ -68,6 +79,13 @@ class Runtime:
         )
         self.replicas = self.worker.replicas
         self.ingress = Ingress(store, self.placement, self.sessions, self.replicas, self._emit)
+        self.timer = Timer(
+            store, self.ingress, self.replicas, lambda: list(self.channels), clock, self._emit
+        )
+        """Fires due jobs into their sessions (runtime/timer.py); kinds register on it."""
+        prompts = PromptKind(settings.schedule_grace_seconds, settings.schedule_drop_seconds)
+        self.timer.kinds[prompts.name] = prompts
+        self.schedules.added = self.timer.added
 
     # -- observation ---------------------------------------------------------------------------
     def _emit(self, event: str, **data: Any) -> None:
@@ -150,9 +168,10 @@ class Runtime:
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin serving: with shared leases, take handovers and sweep for lapsed leases;
-        then resume every session with unfinished work."""
+        then resume every session with unfinished work, and fire due jobs from now on."""
         await self.replicas.start()
         await self.resume()
+        self.timer.start()
 
     async def resume(self, sessions: set[str] | None = None) -> int:
         """After a start: wake every session (or just `sessions`) with unfinished inbound work.
@@ -190,6 +209,7 @@ class Runtime:
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""
+        await self.timer.stop()  # a job due from now on fires on a replica that stays
         self.sessions.closing = True
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
         tasks = [s.task for s in self.sessions if s.task and not s.task.done()]

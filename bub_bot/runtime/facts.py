@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ..schedules.prompts import NOTICE
 from ..tape import Tape, TapeEntry
 
 DONE = "inbound.done"
@@ -35,12 +36,14 @@ def command_name(entry: TapeEntry) -> str | None:
 
 
 def is_reply(entry: TapeEntry) -> bool:
-    """An entry whose text goes to the user: a turn's answer or notice, a command's reply."""
+    """An entry whose text goes to the user: a turn's answer or notice, a command's reply,
+    a scheduled job's note (it carries its own target)."""
     if entry.kind == "message":
         return entry.payload.get("role") == "assistant" and "turn" in entry.meta
     return entry.kind == "event" and entry.payload.get("name") in (
         "turn.notice",
         "command.done",
+        NOTICE,
     )
 
 

@@ -126,21 +126,27 @@ class Ingress:
                 # acknowledged, so this is the platform's re-delivery): look at the session.
                 await self.replicas.claim(self.sessions.open(session_id, workspace))
             return Received(new=False)
-        # The worker may have finished (and forgotten this session) while we were writing.
-        session = self.sessions.open(session_id, workspace)
-        entry_id = written[0].id
-        command = command_name(arrival.entry)
+        entry = written[0]
+        command = command_name(entry)
         log.info(
             "inbound.new session=%s channel=%s entry=%d%s",
             session_id,
             arrival.channel,
-            entry_id,
+            entry.id,
             f" command=/{command}" if command is not None else "",
         )
         self._emit("inbound", channel=arrival.channel, outcome="new")
-        if command is not None and session.running:
+        await self.wake(session_id, workspace, entry)
+        return Received(new=True, entry_id=entry.id)
+
+    async def wake(self, session_id: str, workspace: Path, entry: TapeEntry) -> None:
+        """Wake the session `entry` was stored for (by `enter`, or by a transaction of its
+        own, like a due job's that also advances the job); returns once its lease was tried,
+        as `enter` does."""
+        # The worker may have finished (and forgotten this session) while we were writing.
+        session = self.sessions.open(session_id, workspace)
+        if command_name(entry) is not None and session.running:
             barrier = session.barrier
             if barrier is None or barrier <= (session.cursor or 0):  # none, or one handled
-                session.barrier = entry_id
+                session.barrier = entry.id
         await self.replicas.claim(session)
-        return Received(new=True, entry_id=entry_id)

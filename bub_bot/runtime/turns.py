@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from channels.base import Channel
 
-from ..agent import Agent, Progress
+from ..agent import Agent, Origin, Progress
 from ..config import Settings
 from ..tape import TapeEntry, TapeStore
 from .delivery import Delivery
@@ -108,7 +108,7 @@ class TurnRunner:
             async with self.slots, shown:
                 progress = shown.progress if shown.live else None
                 reply, seen = await self._agent_turn(
-                    session, turn_id, head, hold_back, channel_name, progress
+                    session, turn_id, head, hold_back, channel_name, progress, messages[-1]
                 )
             # Re-read what is pending now: messages that reached the model mid-turn are covered.
             items = await session.tape.query(
@@ -142,11 +142,20 @@ class TurnRunner:
         hold_back: Callable[[list[TapeEntry]], list[TapeEntry]],
         channel_name: str,
         progress: Callable[[Progress], None] | None = None,
+        newest: TapeEntry | None = None,
     ) -> tuple[TapeEntry | None, int | None]:
         """Run the agent; returns the reply entry and the newest entry id the model saw.
 
         A failure of any kind becomes a short note to the user and an `error` entry."""
         started = time.perf_counter()
+        meta = newest.meta if newest is not None else {}
+        origin = Origin(
+            session_id=session.id,
+            channel=channel_name,
+            reply_target=dict(meta.get("reply_target") or {}),
+            sender=dict(meta.get("sender") or {}),
+            via=str(meta.get("origin") or ""),
+        )
         try:
             result = await self.agent.run_turn(
                 session.tape,
@@ -155,6 +164,7 @@ class TurnRunner:
                 turn_id=turn_id,
                 turn_start=head.id - 1,
                 progress=progress,
+                origin=origin,
             )
         except Exception as exc:
             log.exception("turn.failed session=%s turn=%s", session.id, turn_id)

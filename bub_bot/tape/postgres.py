@@ -28,8 +28,9 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 
 from .entries import TapeEntry, safe_text, utc_now
+from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
 from .names import SIDECAR_SEP, tape_role
-from .postgres_leases import PostgresLeases
+from .postgres_leases import WAITING, PostgresLeases
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
 from .store import (
@@ -44,8 +45,10 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
+    firing_append,
     is_inbound,
     row_entry,
+    with_ids,
 )
 from .urls import parse_database_url
 
@@ -237,6 +240,72 @@ class PostgresTapeStore(StoreBase):
                 [r.date for r in records],
             )
         return int(status.split()[-1])
+
+    # -- jobs ---------------------------------------------------------------------------------
+    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
+        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
+        added = await self._write(_add_job, job_row(job), limit)
+        return bool(added)
+
+    async def jobs(
+        self,
+        *,
+        session_id: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[Job]:
+        """Jobs soonest first: all, or a session's, or of `kinds`."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {COLUMNS} FROM bub_jobs WHERE ($1::text IS NULL OR session_id = $1)"
+                " AND ($2::text[] IS NULL OR kind = ANY($2::text[])) ORDER BY due, id LIMIT $3",
+                safe_text(session_id) if session_id is not None else None,
+                list(kinds) if kinds is not None else None,
+                limit,
+            )
+        return [row_job(r) for r in rows]
+
+    async def remove_job(
+        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
+    ) -> Job | None:
+        """Delete a job (only a session's or of `kinds` when given); returns it."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "DELETE FROM bub_jobs WHERE id = $1 AND ($2::text IS NULL OR session_id = $2)"
+                f" AND ($3::text[] IS NULL OR kind = ANY($3::text[])) RETURNING {COLUMNS}",
+                safe_text(job_id),
+                safe_text(session_id) if session_id is not None else None,
+                list(kinds) if kinds is not None else None,
+            )
+        return row_job(row) if row is not None else None
+
+    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
+        """The soonest due time of the jobs of `kinds` for `channels`."""
+        if not kinds or not channels:
+            return None
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval(
+                "SELECT min(due) FROM bub_jobs WHERE kind = ANY($1::text[])"
+                " AND channel = ANY($2::text[])",
+                list(kinds),
+                list(channels),
+            )
+
+    async def fire_jobs(
+        self,
+        now: float,
+        decide: Decide,
+        *,
+        kinds: Sequence[str],
+        channels: Sequence[str],
+        limit: int = 100,
+    ) -> list[Fired]:
+        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore):
+        rows another replica is firing are skipped (`FOR UPDATE SKIP LOCKED`)."""
+        if not kinds or not channels:
+            return []
+        fired = await self._write(_fire_jobs, now, decide, list(kinds), list(channels), limit)
+        return fired or []
 
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
@@ -482,3 +551,69 @@ async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
     if rows:
         await _allocate_and_insert(conn, tape, rows, None)
     return archived
+
+
+async def _add_job(conn: asyncpg.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
+    if limit is not None:
+        # One session's adds one at a time, so two at once cannot both pass the count.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bub_jobs:' || $1))", row[2])
+        count = await conn.fetchval(
+            "SELECT count(*) FROM bub_jobs WHERE session_id = $1 AND kind = $2", row[2], row[1]
+        )
+        if count >= limit:
+            return False
+    await conn.execute(
+        f"INSERT INTO bub_jobs ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
+        " $11, $12)",
+        *row,
+    )
+    return True
+
+
+async def _fire_jobs(
+    conn: asyncpg.Connection,
+    now: float,
+    decide: Decide,
+    kinds: list[str],
+    channels: list[str],
+    limit: int,
+) -> list[Fired]:
+    stamp = utc_now()
+    rows = await conn.fetch(
+        f"SELECT {COLUMNS} FROM bub_jobs WHERE due <= $1 AND kind = ANY($2::text[])"
+        " AND channel = ANY($3::text[]) ORDER BY due, id LIMIT $4 FOR UPDATE SKIP LOCKED",
+        now,
+        kinds,
+        channels,
+        limit,
+    )
+    fired: list[Fired] = []
+    # Tapes are locked in name order, so two replicas firing jobs of the same tapes never
+    # wait for each other in a circle.
+    for job in sorted(map(row_job, rows), key=lambda j: (j.tape, j.due, j.id)):
+        firing = decide(job)
+        append = firing_append(job, firing)
+        written = None
+        if append is not None and firing.entry is not None:
+            try:
+                async with conn.transaction():  # a savepoint: a recorded key undoes this only
+                    ids = await _append(conn, append, stamp)
+                written = with_ids([firing.entry], ids)[0]
+            except _Refused:
+                pass
+        fired.append(Fired(job, firing, written))
+    finished = [f.job.id for f in fired if f.firing.next_due is None]
+    moved = [f for f in fired if f.firing.next_due is not None]
+    if finished:
+        await conn.execute("DELETE FROM bub_jobs WHERE id = ANY($1::text[])", finished)
+    if moved:
+        await conn.execute(
+            "UPDATE bub_jobs AS j SET due = m.due, fired = j.fired + 1"
+            " FROM unnest($1::text[], $2::float8[]) AS m(id, due) WHERE j.id = m.id",
+            [f.job.id for f in moved],
+            [f.firing.next_due for f in moved],
+        )
+    waiting = sorted({(f.job.tape, f.job.session_id) for f in fired if f.entry is not None})
+    if waiting:
+        await conn.execute(WAITING, [t for t, _ in waiting], [s for _, s in waiting])
+    return fired

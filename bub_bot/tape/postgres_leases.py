@@ -70,6 +70,18 @@ WITH handed AS (
 SELECT pg_notify($4, $5) FROM handed
 """
 
+WAITING = """
+INSERT INTO bub_leases AS l (key, session_id, owner, expires)
+SELECT k, s, '', '-infinity' FROM unnest($1::text[], $2::text[]) AS w(k, s)
+ON CONFLICT (key) DO UPDATE SET owner = '', expires = '-infinity' WHERE l.expires < now()
+"""
+"""Sessions that have work stored for them by something other than a platform delivery (a due
+job), run in the transaction that stores it: a session nobody holds gets a lapsed row, so if
+the replica that stored the work dies before taking the lease, the others' sweep finds it
+(there is no re-delivery to wake it). A live holder's row is left alone but locked until
+commit, so its release waits and its look at the queue after releasing sees the work.
+Keys sorted and distinct (one statement must not touch a row twice)."""
+
 _LAPSED = """
 SELECT key, session_id FROM bub_leases
 WHERE session_id IS NOT NULL AND expires < now()

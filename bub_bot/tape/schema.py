@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 # -- SQLite -------------------------------------------------------------------------------
-SQLITE_VERSION = 2
+SQLITE_VERSION = 3
 """The schema this code writes; kept in `PRAGMA user_version`."""
 
 SQLITE_MIGRATIONS: dict[int, str] = {
@@ -60,6 +60,25 @@ CREATE TABLE IF NOT EXISTS dedupe (
     # conversation in the workspace it started in).
     2: """
 CREATE INDEX IF NOT EXISTS tapes_by_session ON tapes (session_id) WHERE role = 'live';
+""",
+    # Jobs: durable timers (tape/jobs.py). `due` is UNIX seconds; `data` the kind's JSON.
+    3: """
+CREATE TABLE IF NOT EXISTS jobs (
+    id          TEXT PRIMARY KEY,
+    kind        TEXT NOT NULL,
+    session_id  TEXT NOT NULL,
+    tape        TEXT NOT NULL,
+    workspace   TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    due         REAL NOT NULL,
+    cron        TEXT,
+    tz          TEXT NOT NULL,
+    data        TEXT NOT NULL,
+    created     TEXT NOT NULL,
+    fired       INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_due ON jobs (due);
+CREATE INDEX IF NOT EXISTS jobs_by_session ON jobs (session_id, kind);
 """,
 }
 
@@ -101,7 +120,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 3
+POSTGRES_VERSION = 4
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
@@ -153,6 +172,26 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
             owner       text NOT NULL,
             expires     timestamptz NOT NULL
         )""",
+    ),
+    # Jobs: durable timers (tape/jobs.py), claimed with FOR UPDATE SKIP LOCKED by the
+    # replica that fires them. `due` is UNIX seconds; `data` the kind's JSON.
+    4: (
+        """CREATE TABLE bub_jobs (
+            id          text COLLATE "C" PRIMARY KEY,
+            kind        text COLLATE "C" NOT NULL,
+            session_id  text COLLATE "C" NOT NULL,
+            tape        text COLLATE "C" NOT NULL,
+            workspace   text NOT NULL,
+            channel     text COLLATE "C" NOT NULL,
+            due         double precision NOT NULL,
+            cron        text,
+            tz          text NOT NULL,
+            data        text NOT NULL,
+            created     text NOT NULL,
+            fired       bigint NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX bub_jobs_by_due ON bub_jobs (due)",
+        "CREATE INDEX bub_jobs_by_session ON bub_jobs (session_id, kind)",
     ),
 }
 

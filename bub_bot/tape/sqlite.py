@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from .entries import TapeEntry, safe_text, utc_now
+from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
 from .names import SIDECAR_SEP, tape_role
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
@@ -28,8 +29,10 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
+    firing_append,
     is_inbound,
     row_entry,
+    with_ids,
 )
 
 T = TypeVar("T")
@@ -120,6 +123,56 @@ class SQLiteTapeStore(StoreBase):
         """Record keys that are not recorded yet; returns how many were new."""
         return await self._run(_add_dedupe, list(records))
 
+    # -- jobs ---------------------------------------------------------------------------------
+    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
+        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
+        return await self._run(_add_job, job_row(job), limit)
+
+    async def jobs(
+        self,
+        *,
+        session_id: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[Job]:
+        """Jobs soonest first: all, or a session's, or of `kinds`."""
+        where, args = _job_filter(session_id, kinds)
+        sql = f"SELECT {COLUMNS} FROM jobs{where} ORDER BY due, id LIMIT ?"
+        return await self._run(lambda c: [row_job(r) for r in c.execute(sql, (*args, limit))])
+
+    async def remove_job(
+        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
+    ) -> Job | None:
+        """Delete a job (only a session's or of `kinds` when given); returns it."""
+        where, args = _job_filter(session_id, kinds)
+        where = f"{where} AND id = ?" if where else " WHERE id = ?"
+        sql = f"DELETE FROM jobs{where} RETURNING {COLUMNS}"
+        return await self._run(_remove_job, sql, (*args, safe_text(job_id)))
+
+    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
+        """The soonest due time of the jobs of `kinds` for `channels`."""
+        if not kinds or not channels:
+            return None
+        sql = (
+            f"SELECT min(due) FROM jobs WHERE kind IN ({_marks(kinds)})"
+            f" AND channel IN ({_marks(channels)})"
+        )
+        return await self._run(lambda c: c.execute(sql, (*kinds, *channels)).fetchone()[0])
+
+    async def fire_jobs(
+        self,
+        now: float,
+        decide: Decide,
+        *,
+        kinds: Sequence[str],
+        channels: Sequence[str],
+        limit: int = 100,
+    ) -> list[Fired]:
+        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore)."""
+        if not kinds or not channels:
+            return []
+        return await self._run(_fire_jobs, now, decide, list(kinds), list(channels), limit)
+
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
         """Entry and anchor counters for a tape (zeros for a tape never written)."""
@@ -201,33 +254,121 @@ _INSERT = (
 def _append(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | None:
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if w.dedupe_keys:
-            marks = ",".join("?" * len(w.dedupe_keys))
-            seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", w.dedupe_keys)
-            if seen.fetchone() is not None:
-                conn.execute("ROLLBACK")
-                return None
-        tape_id = _tape_id(conn, w.tape, w.session_id, now)
-        last_id = _last_id(conn, tape_id)
-        has_anchor = (w.if_no_anchor or w.bootstrap is not None) and _last_anchor(conn, tape_id) > 0
-        if w.if_no_anchor and has_anchor:
-            conn.execute("ROLLBACK")
-            return None
-        rows, skip = w.rows, 0
-        if w.bootstrap is not None and not has_anchor:
-            rows = [w.bootstrap, *rows]
-            skip = 1
-        ids = list(range(last_id + 1, last_id + 1 + len(rows)))
-        conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)])
-        ids = ids[skip:]
-        if w.dedupe_keys:
-            first_id = ids[0] if ids else 0
-            conn.executemany(
-                "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
-                [(key, w.tape, first_id, now) for key in w.dedupe_keys],
-            )
-        conn.execute("COMMIT")
+        ids = _append_rows(conn, w, now)
+        conn.execute("COMMIT" if ids is not None else "ROLLBACK")
         return ids
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | None:
+    """The append inside a transaction; None (having written nothing) when it refuses."""
+    if w.dedupe_keys:
+        marks = ",".join("?" * len(w.dedupe_keys))
+        seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", w.dedupe_keys)
+        if seen.fetchone() is not None:
+            return None
+    tape_id = _tape_id(conn, w.tape, w.session_id, now)
+    last_id = _last_id(conn, tape_id)
+    has_anchor = (w.if_no_anchor or w.bootstrap is not None) and _last_anchor(conn, tape_id) > 0
+    if w.if_no_anchor and has_anchor:
+        return None
+    rows, skip = w.rows, 0
+    if w.bootstrap is not None and not has_anchor:
+        rows = [w.bootstrap, *rows]
+        skip = 1
+    ids = list(range(last_id + 1, last_id + 1 + len(rows)))
+    conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)])
+    ids = ids[skip:]
+    if w.dedupe_keys:
+        first_id = ids[0] if ids else 0
+        conn.executemany(
+            "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
+            [(key, w.tape, first_id, now) for key in w.dedupe_keys],
+        )
+    return ids
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ",".join("?" * len(values))
+
+
+def _job_filter(session_id: str | None, kinds: Sequence[str] | None) -> tuple[str, list[str]]:
+    clauses, args = [], []
+    if session_id is not None:
+        clauses.append("session_id = ?")
+        args.append(safe_text(session_id))
+    if kinds is not None:
+        clauses.append(f"kind IN ({_marks(kinds)})" if kinds else "0")
+        args.extend(kinds)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+def _add_job(conn: sqlite3.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if limit is not None:
+            count = conn.execute(
+                "SELECT count(*) FROM jobs WHERE session_id = ? AND kind = ?", (row[2], row[1])
+            ).fetchone()[0]
+            if count >= limit:
+                conn.execute("ROLLBACK")
+                return False
+        conn.execute(f"INSERT INTO jobs ({COLUMNS}) VALUES ({_marks(row)})", row)
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _remove_job(conn: sqlite3.Connection, sql: str, args: tuple[str, ...]) -> Job | None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute(sql, args).fetchone()
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return row_job(row) if row is not None else None
+
+
+def _fire_jobs(
+    conn: sqlite3.Connection,
+    now: float,
+    decide: Decide,
+    kinds: list[str],
+    channels: list[str],
+    limit: int,
+) -> list[Fired]:
+    stamp = utc_now()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Under the write lock: a job another process fired a moment ago has moved on.
+        rows = conn.execute(
+            f"SELECT {COLUMNS} FROM jobs WHERE due <= ? AND kind IN ({_marks(kinds)})"
+            f" AND channel IN ({_marks(channels)}) ORDER BY due, id LIMIT ?",
+            (now, *kinds, *channels, limit),
+        ).fetchall()
+        fired: list[Fired] = []
+        for job in map(row_job, rows):
+            firing = decide(job)
+            append = firing_append(job, firing)
+            written = None
+            if append is not None and firing.entry is not None:
+                ids = _append_rows(conn, append, stamp)
+                written = None if ids is None else with_ids([firing.entry], ids)[0]
+            if firing.next_due is None:
+                conn.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+            else:
+                conn.execute(
+                    "UPDATE jobs SET due = ?, fired = fired + 1 WHERE id = ?",
+                    (firing.next_due, job.id),
+                )
+            fired.append(Fired(job, firing, written))
+        conn.execute("COMMIT")
+        return fired
     except BaseException:
         conn.execute("ROLLBACK")
         raise

@@ -10,15 +10,19 @@ finds any script, and exact round trips of payload, meta and date.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from .entries import TapeEntry, dumps, safe_text, utc_now
+from .entries import PayloadError, TapeEntry, dumps, safe_text, utc_now
+from .jobs import Decide, Fired, Firing, Job
 from .leases import Leases, LocalLeases
 from .names import archive_name
 from .query import QuerySpec
+
+log = logging.getLogger("bub_bot.tape")
 
 
 class TapeStoreError(RuntimeError):
@@ -187,6 +191,42 @@ class TapeStore(Protocol):
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
+
+    # -- jobs: durable timers (tape/jobs.py) ---------------------------------------------------
+    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
+        """Store a new job. With `limit`: only while its session has fewer than `limit` jobs
+        of its kind (counted in the same transaction); False when it has that many."""
+
+    async def jobs(
+        self,
+        *,
+        session_id: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[Job]:
+        """Jobs soonest first: all, or a session's, or of `kinds`."""
+
+    async def remove_job(
+        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
+    ) -> Job | None:
+        """Delete a job (only if it is `session_id`'s and of `kinds`, when given); returns
+        it, None when there is no such job."""
+
+    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
+        """The soonest due time of the jobs of `kinds` for `channels` (None: none)."""
+
+    async def fire_jobs(
+        self,
+        now: float,
+        decide: Decide,
+        *,
+        kinds: Sequence[str],
+        channels: Sequence[str],
+        limit: int = 100,
+    ) -> list[Fired]:
+        """Claim up to `limit` jobs of `kinds` for `channels` due at `now`, and in the same
+        transaction write each one's entry (`decide(job)`) and advance or delete it (see
+        tape/jobs.py). Jobs another transaction is firing are skipped, not waited for."""
 
 
 S = TypeVar("S")
@@ -404,6 +444,25 @@ class StoreBase:
     async def read_context(self, tape: str) -> list[TapeEntry]:
         """The default view: entries strictly after the last anchor (index lookups only)."""
         return await self._select(QuerySpec(tape, after_last_anchor=True))
+
+
+def firing_append(job: Job, firing: Firing) -> Append | None:
+    """The append a firing writes on its job's tape (None: it writes nothing, or its entry
+    cannot be stored: the job moves on without it rather than block every later one)."""
+    if firing.entry is None:
+        return None
+    try:
+        return Append(
+            job.tape,
+            [entry_row(firing.entry)],
+            sorted({safe_text(k) for k in firing.keys}),
+            False,
+            entry_row(firing.bootstrap) if firing.bootstrap else None,
+            safe_text(job.session_id),
+        )
+    except PayloadError as exc:
+        log.error("job.unstorable job=%s session=%s: %s", job.id, job.session_id, exc)
+        return None
 
 
 def with_ids(entries: Sequence[TapeEntry], ids: Sequence[int]) -> list[TapeEntry]:

@@ -34,6 +34,7 @@ CHAT_NAMES = (
     "command.result",
     "turn.notice",
     "inbound.expired",
+    "schedule.notice",
 )
 
 
@@ -130,7 +131,7 @@ def chat_item(entry: TapeEntry) -> dict[str, Any] | None:
             }
         if name in ("command.done", "command.result"):
             return {**base, "kind": "bot", "html": plain(text)}
-        if name in ("turn.notice", "inbound.expired"):
+        if name in ("turn.notice", "inbound.expired", "schedule.notice"):
             return {**base, "kind": "notice", "html": plain(text)}
         return None
     if entry.kind == "anchor":
