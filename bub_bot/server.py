@@ -64,8 +64,14 @@ class Bot:
     """The MCP servers (`McpManager`) when BUB_MCP_CONFIG is set."""
 
     @classmethod
-    async def open(cls, settings: Settings, channels: list[Channel] | None = None) -> Bot:
-        """Open the database and build the agent and runtime (channels are not started)."""
+    async def open(
+        cls,
+        settings: Settings,
+        channels: list[Channel] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Bot:
+        """Open the database and build the agent and runtime (channels are not started);
+        `clock` is when jobs are due (tests move their own)."""
         store = await open_store(settings)
         log.info(
             "store.opened kind=%s at=%s schema=v%d",
@@ -82,7 +88,7 @@ class Bot:
         channels = list(channels or [])
         # Several replicas on one PostgreSQL database share leases; SQLite grants them all.
         leases = store.leases(owner_id(), settings.lease_seconds)
-        runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases)
+        runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases, clock)
         register_schedule_tools(agent.tools, runtime.schedules)
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)

@@ -21,6 +21,7 @@ from aiohttp import web
 from bub_bot.agent import spill
 from bub_bot.agent.prompt import build_system_prompt
 from bub_bot.config import Settings
+from bub_bot.schedules.book import job_summary
 from bub_bot.tape import KINDS, Tape, TapeStats
 from bub_bot.tape.names import ARCHIVE_SEP, tape_role
 
@@ -35,6 +36,7 @@ ENTRIES_PER_PAGE = 100
 MAX_PER_PAGE = 500
 TIMELINE_ANCHORS = 50
 LISTED_SPILLS = 50
+LISTED_JOBS = 100
 BIG = 1 << 62
 
 
@@ -175,6 +177,7 @@ class ViewerRoutes:
             anchors=await tape.anchors(TIMELINE_ANCHORS),
             archives=await self._archives(name),
             spills=await self._spills(tape),
+            jobs=await self._jobs(name, stats.session_id),
         )
         title = f"Tape {stats.session_id or name}"
         return self._respond(request, title, tape_html(result), result.to_json())
@@ -187,6 +190,13 @@ class ViewerRoutes:
             for r in await self.store.list_tapes(include_all=True)
             if r.name.startswith(prefix) and tape_role(r.name[len(prefix) :]) == "live"
         ]
+
+    async def _jobs(self, name: str, session_id: str | None) -> list[dict[str, Any]]:
+        """The session's scheduled jobs, every kind, on its live tape (an index lookup)."""
+        if not session_id or tape_role(name) != "live":
+            return []
+        found = await self.store.jobs(session_id=session_id, limit=LISTED_JOBS)
+        return [{**job_summary(j), "kind": j.kind} for j in found]
 
     async def _spills(self, tape: Tape) -> list[dict[str, Any]]:
         """The newest spill manifests of the tape's sidecar (index lookups)."""

@@ -93,6 +93,8 @@ class TapePage:
     anchors: list[TapeEntry]
     archives: list[dict[str, Any]]
     spills: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]
+    """The session's scheduled jobs (`job_summary` and its kind), soonest first."""
 
     def to_json(self) -> dict[str, Any]:
         stats = self.stats
@@ -122,6 +124,7 @@ class TapePage:
             ],
             "archives": self.archives,
             "spills": self.spills,
+            "jobs": self.jobs,
         }
 
 
@@ -152,7 +155,15 @@ def _side(p: TapePage) -> str:
         f" {_count(s.get('chunks'), 'page')}</span></li>"
         for s in p.spills
     )
+    jobs = "".join(
+        f"<li><code>{escape(str(j['id']))}</code> {escape(str(j['next_run']))}"
+        f' <span class="muted">{escape(str(j["kind"]))} · {escape(str(j["schedule"]))}'
+        f" · ran {escape(str(j['runs_so_far']))}×</span>"
+        f"<div>{escape(str(j['prompt']))}</div></li>"
+        for j in p.jobs
+    )
     return (
+        f"<h2>Scheduled jobs</h2><ul>{jobs or NONE}</ul>"
         f"<h2>Anchors (newest first)</h2><ol class=timeline>{timeline or NONE}</ol>"
         f"<h2>Archives of this session</h2><ul>{archives or NONE}</ul>"
         f"<h2>Spilled outputs</h2><ul>{spills or NONE}</ul>"
