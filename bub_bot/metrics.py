@@ -87,6 +87,14 @@ class Metrics:
             ["job"],
             registry=r,
         )
+        self.job_delay = Histogram(
+            "bub_job_delay_seconds",
+            "Due jobs fired, by kind and outcome (fired: its entry written; noted: a note"
+            " instead; skipped: nothing written): time from the due time to the commit",
+            ["kind", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 30, 300, 3600),
+            registry=r,
+        )
         self.last_inbound = Gauge(
             "bub_seconds_since_last_inbound",
             "Seconds since the last inbound message",
@@ -109,6 +117,9 @@ class Metrics:
         elif event == "leader":
             leading = 1 if data.get("outcome") == "acquired" else 0
             self.leading.labels(data.get("job", "")).set(leading)
+        elif event == "job":
+            labels = (data.get("kind", ""), data.get("outcome", ""))
+            self.job_delay.labels(*labels).observe(max(0.0, data.get("delay", 0.0)))
         elif event == "first_text":
             streamed = "yes" if data.get("streamed") else "no"
             self.first_text.labels(data.get("channel", ""), streamed).observe(data["seconds"])

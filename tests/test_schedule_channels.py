@@ -91,6 +91,8 @@ async def test_a_job_made_in_a_telegram_topic_fires_once_into_that_topic(
     [entry] = await scheduled(await bot.runtime.session_tape(session))
     assert entry.meta["sender"]["id"] == str(USER) and entry.meta["channel"] == "telegram"
     assert entry.meta["reply_target"]["thread_id"] == TOPIC
+    labels = {"kind": "prompt", "outcome": "fired"}
+    assert bot.metrics.registry.get_sample_value("bub_job_delay_seconds_count", labels) == 1
 
     # Once: more time, another look, nothing more in the topic or anywhere in the chat.
     await fire(bot, clock, 3600)

@@ -37,7 +37,9 @@ async def replicas(pg_url: str, settings: Callable[..., Any]) -> AsyncIterator[C
     all on one PostgreSQL database (each one stands for a `serve` process)."""
     made: list[tuple[Runtime, TapeStore, Agent]] = []
 
-    async def make(owner: str, clock: Clock) -> tuple[Runtime, RuntimeChannel]:
+    async def make(
+        owner: str, clock: Callable[[], float] = time.time
+    ) -> tuple[Runtime, RuntimeChannel]:
         conf = settings()
         store = await open_store(pg_url)
         agent = Agent(conf, ModelClient(conf), default_registry())
@@ -95,6 +97,22 @@ async def test_two_replicas_fire_each_due_time_once(replicas, fake_openai: FakeO
         assert len(entries) == 20 and len({e.meta["due"] for e in entries}) == 20
     assert len(fake_openai.completion_requests()) == 60
     assert len(fired) == 60  # firings over both replicas: none twice, none skipped
+
+
+async def test_a_job_added_on_one_replica_wakes_the_timer_of_another(
+    replicas, fake_openai: FakeOpenAI
+) -> None:
+    """Real clock: replica two's timer sleeps (nothing is due) until replica one's NOTIFY."""
+    (one, _ch1), (_two, ch2) = await replicas("one"), await replicas("two")
+    await one.timer.stop()  # only replica two may fire it
+    await asyncio.sleep(0.2)  # two's timer has looked and is asleep
+    tape = Tape.for_session(one.store, "test:a", one.settings.workspace)
+    place = Place("test:a", tape.name, str(one.settings.workspace), "test", {"chat": "a"})
+    job = await one.schedules.add(place, "wake up", in_seconds=1)
+    # Replica two's timer would otherwise look again only after timer.SAFETY_SECONDS (60 s).
+    await ch2.wait_sent("a", 1, timeout=8)
+    [entry] = await scheduled(tape)
+    assert entry.meta["job"] == job.id
 
 
 @pytest.fixture
