@@ -118,6 +118,15 @@ class Settings(BaseSettings):
     spill_threshold: int = Field(default=4096, ge=0)
     handoff_summary_timeout_seconds: float = Field(default=60.0, gt=0)
 
+    # web.fetch (bub_bot/agent/web_fetch.py)
+    fetch_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
+    """The most one fetch may take, redirects included."""
+    fetch_max_bytes: int = Field(default=5 * 1024 * 1024, ge=1024, le=1024**3)
+    """The most of a response body that is read (after decompression); the rest is cut."""
+    fetch_allow: CsvList = Field(default_factory=list)
+    """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
+    are not public (bub_bot/agent/netguard.py)."""
+
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
     resume_window_seconds: float = Field(default=900.0, ge=0)
@@ -179,7 +188,9 @@ class Settings(BaseSettings):
         parse_rate(value)
         return value
 
-    @field_validator("mcp_config", "workspace_map", "stream_interval_ms", mode="before")
+    @field_validator(
+        "mcp_config", "workspace_map", "stream_interval_ms", mode="before"
+    )
     @classmethod
     def _unset_if_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -195,6 +206,7 @@ class Settings(BaseSettings):
         "telegram_allow_chats",
         "slack_allow_users",
         "slack_allow_channels",
+        "fetch_allow",
         mode="before",
     )
     @classmethod
@@ -303,6 +315,13 @@ class Settings(BaseSettings):
             raise ConfigError("BUB_SLACK_BOT_TOKEN must be set to enable Slack")
         if self.mcp_config is not None:
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
+        if self.fetch_allow:
+            from .agent.netguard import Allowance  # here: agent imports this module
+
+            try:
+                Allowance.parse(self.fetch_allow)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.workspace_map is not None:
             load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
         return self
