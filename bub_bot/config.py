@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     workspace_map: Path | None = None
     # MCP servers: a JSON file in the mcpServers format (see bub_bot/mcp_config.py)
     mcp_config: Path | None = None
+    # Operator-wide skills (<dir>/<name>/SKILL.md); a workspace's own skills/ wins a clash.
+    skills_dir: Path | None = None
 
     # model
     model: str = "gpt-4o-mini"
@@ -189,7 +191,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "mcp_config", "workspace_map", "stream_interval_ms", mode="before"
+        "mcp_config", "workspace_map", "skills_dir", "stream_interval_ms", mode="before"
     )
     @classmethod
     def _unset_if_empty(cls, value: object) -> object:
@@ -322,6 +324,8 @@ class Settings(BaseSettings):
                 Allowance.parse(self.fetch_allow)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.skills_dir is not None and not self.skills_dir.expanduser().is_dir():
+            raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
         if self.workspace_map is not None:
             load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
         return self

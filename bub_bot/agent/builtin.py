@@ -1,5 +1,5 @@
 """Built-in tools: the tape (info, search, anchors, handoff), spill.read, the workspace,
-and web.fetch (web_fetch.py)."""
+web.fetch (web_fetch.py) and skill (skills.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pydantic import Field
 from ..secrets import Scrubber, secret_path_match
 from ..tape import AnchorNotFound, TapeEntry
 from . import spill
+from .skills import register_skills
 from .tools import ToolContext, ToolError, ToolRegistry
 from .web_fetch import register_web_fetch
 
@@ -241,6 +242,7 @@ def register_builtins(registry: ToolRegistry) -> ToolRegistry:
         )
 
     register_web_fetch(registry)
+    register_skills(registry)
     return registry
 
 

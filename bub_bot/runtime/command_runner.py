@@ -1,4 +1,5 @@
-"""Running chat commands (/handoff /reset /status /anchors /tools /help) on a session's tape.
+"""Running chat commands (/handoff /reset /status /anchors /tools /skills /help) on a
+session's tape.
 
 Every command ends with a reply entry on the tape (`command.done`), whatever happened, so one
 bad command can never block the commands and messages queued behind it.
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import commands
-from ..agent import Agent, summary_note
+from ..agent import Agent, skills, summary_note
 from ..agent.model import ModelError
 from ..config import Settings
 from ..tape import Tape, TapeEntry
@@ -130,6 +131,11 @@ class CommandRunner:
         if command.name == "tools":
             await self.agent.tools.prepare(session.workspace)  # as a turn would
             return commands.tools_text(self.agent.tools, session.workspace)
+        if command.name == "skills":
+            found = skills.catalog(session.workspace, self.settings.skills_dir)
+            offered = any(t.name == "skill" for t in self.agent.tools.visible(session.workspace))
+            # Skill files are the workspace's text: scrubbed like everything shown from it.
+            return self.agent.scrub.text(commands.skills_text(found, offered))
         return commands.help_text()
 
     async def _handoff(self, session: Session, command: commands.Command) -> str:

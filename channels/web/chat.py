@@ -50,7 +50,7 @@ CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MAX_TEXT = 100_000
 KEEPALIVE_SECONDS = 15.0
 LIST_LIMIT = 100
-COMMANDS_HINT = "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /help"
+COMMANDS_HINT = "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /skills, /help"
 
 
 def _error(status: int, message: str) -> web.Response:
