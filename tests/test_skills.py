@@ -119,7 +119,7 @@ MALFORMED = {
     "no-front": ("no YAML front matter", "just text\n"),
     "unclosed": ("not closed by a --- line", "---\nname: unclosed\ndescription: x\n"),
     "bad-yaml": (
-        "not valid YAML: expected ',' or ']', but got ':' at line 3",
+        "not valid YAML: ",  # libyaml's words or PyYAML's, then the line
         "---\nname: [bad-yaml\ndescription: x\n---\n",
     ),
     "a-list": ("must be a mapping", "---\n- name\n- description\n---\n"),
@@ -137,6 +137,10 @@ MALFORMED = {
         "---\nname: bad-metadata\ndescription: x\nmetadata: 3\n---\n",
     ),
     "not-utf8": ("not UTF-8", None),
+    "too-big": (
+        "larger than 262144 bytes",
+        "---\nname: too-big\ndescription: x\n---\n" + "x" * 262_144,
+    ),
 }
 
 
@@ -163,6 +167,7 @@ async def test_malformed_skills_are_skipped_with_a_log_line(
     for folder, (reason, _content) in MALFORMED.items():
         line = next(m for m in skipped if f"/{folder}/SKILL.md" in m)
         assert f"file={root / folder / 'SKILL.md'} in=workspace: " in line and reason in line
+    assert next(m for m in skipped if "/bad-yaml/" in m).endswith(" at line 3")
 
     # Fixing a file is seen at the next step, without a restart.
     write_skill(root, "no-description", "name: no-description\ndescription: Fixed now")

@@ -252,6 +252,8 @@ async def test_the_allowance_setting_is_checked(settings):
 async def test_content_types_caps_and_redirect_limit(site):
     site.page("/logo.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 50_000, "image/png")
     site.page("/untyped", b"GIF89a\0\0\0binary", "")
+    site.page("/fake.txt", b"MZ\x90\0\x03\0\0\0", "text/plain")
+    site.page("/utf16.txt", "hé".encode("utf-16"), "text/plain; charset=utf-16")
     site.page("/data.json", '{"ok": true}', "application/json")
     site.page("/latin1", "caf\xe9".encode("latin-1"), "text/plain; charset=iso-8859-1")
     site.page("/big.txt", "0123456789" * 10_000, "text/plain")
@@ -263,6 +265,9 @@ async def test_content_types_caps_and_redirect_limit(site):
         await fetch.fetch(site.url("/logo.png"))
     with pytest.raises(FAILED, match="no content type and looks binary"):
         await fetch.fetch(site.url("/untyped"))
+    with pytest.raises(FAILED, match=r"says text/plain but looks binary \(NUL bytes\)"):
+        await fetch.fetch(site.url("/fake.txt"))
+    assert (await fetch.fetch(site.url("/utf16.txt"))).text == "hé"
     assert (await fetch.fetch(site.url("/data.json"))).text == '{"ok": true}'
     assert (await fetch.fetch(site.url("/latin1"))).text == "café"
 

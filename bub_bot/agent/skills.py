@@ -43,6 +43,8 @@ COMPATIBILITY_MAX = 500
 PROMPT_CHARS = 12_000
 """The skills section of the system prompt stops growing here (names still reachable)."""
 CACHED_ROOTS = 512
+# safe_load's loader, in C when PyYAML has libyaml (about 10 times faster): plain data only.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def open_beneath(root: Path, parts: Sequence[str], *, directory: bool = False) -> int:
@@ -75,25 +77,32 @@ def open_beneath(root: Path, parts: Sequence[str], *, directory: bool = False) -
         raise
 
 
-def _read(fd: int, limit: int) -> bytes:
-    """At most `limit` + 1 bytes of `fd` (one more tells the caller it is too big)."""
-    chunks, left = [], limit + 1
-    while left > 0:
-        chunk = os.read(fd, min(left, 65536))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
+def read_beneath(root: Path, parts: Sequence[str], limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file `root/parts...` (no symlink followed beneath `root`);
+    OSError as `open_beneath` raises it, or EFBIG past `limit` bytes."""
+    fd = open_beneath(root, parts)
+    try:
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
     return b"".join(chunks)
 
 
 @dataclass(frozen=True, slots=True)
 class Skill:
-    """A valid skill: its name, description, body, and where its folder is."""
+    """A valid skill: its name, description, and where its folder is (the body is read
+    when the model loads it: the cache holds no bodies)."""
 
     name: str
     description: str
-    body: str
     base: Path
     """The root the skill was found under (the workspace, or BUB_SKILLS_DIR)."""
     parts: tuple[str, ...]
@@ -140,7 +149,7 @@ def parse_skill(text: str, folder: str) -> tuple[str, str, str]:
     if end is None:
         raise ValueError("the front matter is not closed by a --- line")
     try:
-        meta = yaml.safe_load("".join(lines[1:end]))
+        meta = yaml.load("".join(lines[1:end]), Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         detail = _one_line(str(exc))
         mark = getattr(exc, "problem_mark", None)
@@ -240,8 +249,9 @@ class SkillIndex:
                 root = _Root(key, names)
             self._remember(self._roots, str(shown_root), root)
             items: list[Skill | Skipped] = []
+            shown = str(shown_root)
             for name in root.names:
-                item = self._skill(fd, base, parts, name, operator)
+                item = self._skill(fd, base, parts, name, operator, shown)
                 if item is not None:
                     items.append(item)
             return items
@@ -249,10 +259,16 @@ class SkillIndex:
             os.close(fd)
 
     def _skill(
-        self, root_fd: int, base: Path, parts: tuple[str, ...], name: str, operator: bool
+        self,
+        root_fd: int,
+        base: Path,
+        parts: tuple[str, ...],
+        name: str,
+        operator: bool,
+        root: str,
     ) -> Skill | Skipped | None:
         """The skill in folder `name`, from the cache while its SKILL.md is unchanged."""
-        shown = str(base.joinpath(*parts, name, SKILL_FILE))
+        shown = f"{root}/{name}/{SKILL_FILE}"
         try:
             info = os.stat(f"{name}/{SKILL_FILE}", dir_fd=root_fd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -270,22 +286,11 @@ class SkillIndex:
             self._files.move_to_end(shown)
             return cached[1]
         try:
-            fd = open_beneath(base, (*parts, name, SKILL_FILE))
-        except OSError as exc:
-            return self._note(shown, key, _why(exc), operator=operator)
-        try:
-            data = _read(fd, MAX_FILE_BYTES)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_FILE_BYTES:
-            return self._note(shown, key, f"larger than {MAX_FILE_BYTES} bytes", operator=operator)
-        try:
-            skill_name, description, body = parse_skill(data.decode("utf-8"), name)
-        except UnicodeDecodeError:
-            return self._note(shown, key, "not UTF-8 text", operator=operator)
-        except ValueError as exc:
-            return self._note(shown, key, str(exc), operator=operator)
-        skill = Skill(skill_name, description, body, base, (*parts, name), operator)
+            skill_name, description, _body = load(base, (*parts, name))
+        except (OSError, ValueError) as exc:
+            reason = _why(exc) if isinstance(exc, OSError) else str(exc)
+            return self._note(shown, key, reason, operator=operator)
+        skill = Skill(skill_name, description, base, (*parts, name), operator)
         self._remember(self._files, shown, (key, skill))
         return skill
 
@@ -308,7 +313,20 @@ class SkillIndex:
             cache.popitem(last=False)
 
 
+def load(base: Path, folder: tuple[str, ...]) -> tuple[str, str, str]:
+    """(name, description, body) of the SKILL.md in `folder` beneath `base`; OSError when
+    it cannot be read safely, ValueError when it is malformed."""
+    data = read_beneath(base, (*folder, SKILL_FILE))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    return parse_skill(text, folder[-1])
+
+
 def _why(exc: OSError) -> str:
+    if exc.errno == errno.EFBIG:
+        return exc.strerror or "too large"
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return "a symlink or a non-directory is on its path (links are not followed here)"
     if exc.errno == errno.EINVAL:
@@ -393,20 +411,19 @@ def register_skills(registry: ToolRegistry, index: SkillIndex | None = None) -> 
             known = ", ".join(s.name for s in found.skills[:200]) or "none"
             raise ToolError(f"no skill named {name!r} here. Skills: {known}")
         if file is None:
-            return f"{_header(chosen)}\n\n{chosen.body}"
+            try:
+                body = load(chosen.base, chosen.parts)[2]
+            except (OSError, ValueError) as exc:  # changed since the catalog was read
+                reason = _why(exc) if isinstance(exc, OSError) else str(exc)
+                raise ToolError(f"cannot load skill {chosen.name!r}: {reason}") from None
+            return f"{_header(chosen)}\n\n{body}"
         parts = _file_parts(file)
         try:
-            fd = open_beneath(chosen.base, (*chosen.parts, *parts))
+            data = read_beneath(chosen.base, (*chosen.parts, *parts))
         except FileNotFoundError:
             raise ToolError(f"no file {file!r} in skill {chosen.name!r}") from None
         except OSError as exc:
             raise ToolError(f"cannot read {file!r} of skill {chosen.name!r}: {_why(exc)}") from None
-        try:
-            data = _read(fd, MAX_FILE_BYTES)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_FILE_BYTES:
-            raise ToolError(f"{file!r} is larger than {MAX_FILE_BYTES} bytes")
         if b"\0" in data[:8192]:
             raise ToolError(f"{file!r} is a binary file; skill reads text files")
         return data.decode("utf-8", errors="replace")
@@ -419,8 +436,10 @@ __all__ = [
     "SkillIndex",
     "Skipped",
     "catalog",
+    "load",
     "open_beneath",
     "parse_skill",
     "prompt_section",
+    "read_beneath",
     "register_skills",
 ]

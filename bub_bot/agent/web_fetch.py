@@ -263,12 +263,17 @@ class Fetcher:
                 f"{url} is {kind}{detail}: web.fetch reads HTML and text only, not binary files"
             )
         body, cut = await self._body(resp)
+        head = body[:SNIFF_BYTES]
         if not kind:  # no type given: text only if it looks like text
-            if b"\0" in body[:SNIFF_BYTES]:
-                raise FetchError(f"{url} has no content type and looks binary: not read")
-            kind = "text/html" if body[:SNIFF_BYTES].lstrip()[:1] == b"<" else "text/plain"
+            if b"\0" in head:
+                raise FetchError(f"{url} has no content type and looks binary: not used")
+            kind = "text/html" if head.lstrip()[:1] == b"<" else "text/plain"
         html = kind in HTML_TYPES
-        text = body.decode(_codec(charset, body, html), errors="replace")
+        codec = _codec(charset, body, html)
+        if b"\0" in head and not codec.startswith(("utf-16", "utf-32")):
+            raise FetchError(f"{url} says {kind} but looks binary (NUL bytes): not used")
+        # No NUL characters past this point: PostgreSQL's JSON cannot store them on the tape.
+        text = body.decode(codec, errors="replace").replace("\0", "\ufffd")
         if html:
             text = await asyncio.to_thread(html_to_text, text, str(url))
         return Page(str(url), resp.status, resp.reason or "", kind, text, [], len(body), cut)
