@@ -20,6 +20,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
 from .mcp_config import load_mcp_config
+from .netguard import Allowance
 from .tape.urls import parse_database_url
 from .workspaces import load_workspace_map
 
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
     """The most of a response body that is read (after decompression); the rest is cut."""
     fetch_allow: CsvList = Field(default_factory=list)
     """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
-    are not public (bub_bot/agent/netguard.py)."""
+    are not public (bub_bot/netguard.py)."""
 
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
@@ -318,8 +319,6 @@ class Settings(BaseSettings):
         if self.mcp_config is not None:
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
         if self.fetch_allow:
-            from .agent.netguard import Allowance  # here: agent imports this module
-
             try:
                 Allowance.parse(self.fetch_allow)
             except ValueError as exc:

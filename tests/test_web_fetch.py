@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from bub_bot.agent import ToolContext, ToolRegistry, default_registry
-from bub_bot.agent.netguard import Allowance, Refused, blocked
 from bub_bot.agent.web_fetch import MAX_REDIRECTS, Fetcher, FetchError, register_web_fetch
 from bub_bot.config import ConfigError
+from bub_bot.netguard import Allowance, Refused, blocked
 from tests.fakes.openai_server import text, tool_calls
 from tests.fakes.web_site import FakeSite
 

@@ -26,7 +26,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import Field
 from yarl import URL
 
-from .netguard import Allowance, Refused, Resolver, check_url, pin, system_resolver
+from ..netguard import Allowance, Refused, Resolver, check_url, pin, system_resolver
 from .tools import ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:

@@ -207,9 +207,9 @@ class ViewerRoutes:
         workspace = await runtime.tape_workspace(tape)
         prompt = build_system_prompt(
             self.settings.system_prompt,
-                workspace,
-                tools.visible(workspace),
-                self.settings.skills_dir,
+            workspace,
+            tools.visible(workspace),
+            self.settings.skills_dir,
         )
         system = runtime.agent.scrub.text(prompt)  # as the agent sends it: secrets redacted
         messages = [{"role": "system", "content": system}, *await tape.read_messages()]
