@@ -1,4 +1,4 @@
-"""Chat commands: /handoff /reset /status /anchors /tools /schedules /unschedule /help.
+"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .agent.skills import Catalog
     from .agent.tools import ToolRegistry
 
 USAGE = {
@@ -20,6 +21,7 @@ USAGE = {
     "status": "/status — entries, anchors, last anchor, last token usage",
     "anchors": "/anchors [count] — the most recent anchors",
     "tools": "/tools — the tools the model has here (built-in and MCP servers)",
+    "skills": "/skills — the skills the model can load here, and SKILL.md files skipped",
     "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
     "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
     "help": "/help — this list",
@@ -82,7 +84,7 @@ def parse(
 
 
 def _check(name: str, args: str) -> Command:
-    if name in ("reset", "status", "tools", "schedules", "help"):
+    if name in ("reset", "status", "tools", "skills", "schedules", "help"):
         if args:
             return Command(name, args, f"{name} takes no arguments. Usage: {USAGE[name]}")
         return Command(name, args)
@@ -145,6 +147,28 @@ def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
             lines.append(head)
             lines += [_tool_line(t.exposed_name, t.description) for t in server.tools]
     lines.insert(0, f"The model has {offered} tools in this conversation.\n")
+    return "\n".join(lines)
+
+
+def skills_text(found: Catalog, offered: bool = True) -> str:
+    """The /skills reply: each skill with its description and folder, then the SKILL.md
+    files skipped and why (`offered`: the model has the skill tool here)."""
+    lines = []
+    if not offered:
+        lines.append("The skill tool is turned off here, so the model sees no skills.\n")
+    if found.skills:
+        lines.append(f"Skills ({len(found.skills)}):")
+        for skill in found.skills:
+            lines.append(_tool_line(skill.name, skill.description) + f" [{skill.where}]")
+    else:
+        lines.append(
+            "No skills here. A skill is a folder skills/<name>/SKILL.md in the workspace (or"
+            " in BUB_SKILLS_DIR) with name and description in YAML front matter."
+        )
+    if found.skipped:
+        lines.append("")
+        lines.append(f"Skipped ({len(found.skipped)}):")
+        lines += [f"- {s.file} — {s.reason}" for s in found.skipped]
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
 from .mcp_config import load_mcp_config
+from .netguard import Allowance
 from .schedules.times import zone_named
 from .tape.urls import parse_database_url
 from .workspaces import load_workspace_map
@@ -101,6 +102,8 @@ class Settings(BaseSettings):
     workspace_map: Path | None = None
     # MCP servers: a JSON file in the mcpServers format (see bub_bot/mcp_config.py)
     mcp_config: Path | None = None
+    # Operator-wide skills (<dir>/<name>/SKILL.md); a workspace's own skills/ wins a clash.
+    skills_dir: Path | None = None
 
     # model
     model: str = "gpt-4o-mini"
@@ -118,6 +121,15 @@ class Settings(BaseSettings):
     system_prompt: str | None = None
     spill_threshold: int = Field(default=4096, ge=0)
     handoff_summary_timeout_seconds: float = Field(default=60.0, gt=0)
+
+    # web.fetch (bub_bot/agent/web_fetch.py)
+    fetch_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
+    """The most one fetch may take, redirects included."""
+    fetch_max_bytes: int = Field(default=5 * 1024 * 1024, ge=1024, le=1024**3)
+    """The most of a response body that is read (after decompression); the rest is cut."""
+    fetch_allow: CsvList = Field(default_factory=list)
+    """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
+    are not public (bub_bot/netguard.py)."""
 
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
@@ -197,7 +209,9 @@ class Settings(BaseSettings):
         zone_named(value)  # ValueError naming the zone
         return value
 
-    @field_validator("mcp_config", "workspace_map", "stream_interval_ms", mode="before")
+    @field_validator(
+        "mcp_config", "workspace_map", "skills_dir", "stream_interval_ms", mode="before"
+    )
     @classmethod
     def _unset_if_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -213,6 +227,7 @@ class Settings(BaseSettings):
         "telegram_allow_chats",
         "slack_allow_users",
         "slack_allow_channels",
+        "fetch_allow",
         mode="before",
     )
     @classmethod
@@ -326,6 +341,13 @@ class Settings(BaseSettings):
             )
         if self.mcp_config is not None:
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
+        if self.fetch_allow:
+            try:
+                Allowance.parse(self.fetch_allow)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.skills_dir is not None and not self.skills_dir.expanduser().is_dir():
+            raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
         if self.workspace_map is not None:
             load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
         return self

@@ -1,4 +1,5 @@
-"""Built-in tools: the tape (info, search, anchors, handoff), spill.read, and the workspace."""
+"""Built-in tools: the tape (info, search, anchors, handoff), spill.read, the workspace,
+web.fetch (web_fetch.py) and skill (skills.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pydantic import Field
 from ..secrets import Scrubber, secret_path_match
 from ..tape import AnchorNotFound, TapeEntry
 from . import spill
+from .skills import register_skills
 from .tools import ToolContext, ToolError, ToolRegistry
+from .web_fetch import register_web_fetch
 
 SEARCH_SNIPPET = 400
 FS_READ_DEFAULT = 20_000
@@ -238,6 +241,8 @@ def register_builtins(registry: ToolRegistry) -> ToolRegistry:
             f" {offset}-{end} of {of}. Continue with fs_read(path={path!r}, offset={end})]"
         )
 
+    register_web_fetch(registry)
+    register_skills(registry)
     return registry
 
 

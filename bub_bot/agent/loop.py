@@ -125,7 +125,9 @@ class Agent:
                 {
                     "role": "system",
                     "content": self.scrub.text(
-                        build_system_prompt(self.settings.system_prompt, workspace, tools)
+                        build_system_prompt(
+                            self.settings.system_prompt, workspace, tools, self.settings.skills_dir
+                        )
                     ),
                 },
                 *selector(entries),

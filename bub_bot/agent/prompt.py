@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from . import skills
 from .tools import Tool
 
 DEFAULT_PROMPT = """You are bub, a helpful assistant in a team chat (Slack or Telegram).
@@ -18,8 +19,12 @@ AGENTS_FILE = "AGENTS.md"
 AGENTS_LIMIT = 20_000
 
 
-def build_system_prompt(base: str | None, workspace: Path, tools: list[Tool]) -> str:
-    """`BUB_SYSTEM_PROMPT` (or the default), the workspace's AGENTS.md, and the tool list."""
+def build_system_prompt(
+    base: str | None, workspace: Path, tools: list[Tool], skills_dir: Path | None = None
+) -> str:
+    """`BUB_SYSTEM_PROMPT` (or the default), the workspace's AGENTS.md, the tool list, and
+    the skills' names and descriptions when the `skill` tool is offered (`skills_dir`:
+    BUB_SKILLS_DIR)."""
     parts = [base or DEFAULT_PROMPT]
     agents = workspace / AGENTS_FILE
     try:
@@ -31,5 +36,9 @@ def build_system_prompt(base: str | None, workspace: Path, tools: list[Tool]) ->
     if tools:
         lines = [f"- {t.exposed_name}: {t.description.splitlines()[0]}" for t in tools]
         parts.append("## Tools\n" + "\n".join(lines))
+    if any(t.name == "skill" for t in tools):
+        listed = skills.prompt_section(skills.catalog(workspace, skills_dir))
+        if listed:
+            parts.append(listed)
     parts.append(f"Today is {datetime.now(UTC):%Y-%m-%d} (UTC).")
     return "\n\n".join(parts)

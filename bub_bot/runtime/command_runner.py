@@ -1,5 +1,5 @@
-"""Running chat commands (/handoff /reset /status /anchors /tools /schedules /unschedule
-/help) on a session's tape.
+"""Running chat commands (/handoff /reset /status /anchors /tools /skills /schedules
+/unschedule /help) on a session's tape.
 
 Every command ends with a reply entry on the tape (`command.done`), whatever happened, so one
 bad command can never block the commands and messages queued behind it.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import commands
-from ..agent import Agent, summary_note
+from ..agent import Agent, skills, summary_note
 from ..agent.model import ModelError
 from ..config import Settings
 from ..schedules.book import ScheduleBook, jobs_text
@@ -138,6 +138,11 @@ class CommandRunner:
         if command.name == "tools":
             await self.agent.tools.prepare(session.workspace)  # as a turn would
             return commands.tools_text(self.agent.tools, session.workspace)
+        if command.name == "skills":
+            found = skills.catalog(session.workspace, self.settings.skills_dir)
+            offered = any(t.name == "skill" for t in self.agent.tools.visible(session.workspace))
+            # Skill files are the workspace's text: scrubbed like everything shown from it.
+            return self.agent.scrub.text(commands.skills_text(found, offered))
         if command.name in ("schedules", "unschedule"):
             return await self._schedules(session, command)
         return commands.help_text()

@@ -51,7 +51,7 @@ MAX_TEXT = 100_000
 KEEPALIVE_SECONDS = 15.0
 LIST_LIMIT = 100
 COMMANDS_HINT = (
-    "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /schedules,"
+    "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /skills, /schedules,"
     " /unschedule <id>, /help"
 )
 

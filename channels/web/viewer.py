@@ -216,7 +216,10 @@ class ViewerRoutes:
         # The session's own workspace (BUB_WORKSPACE_MAP): its AGENTS.md and MCP tools.
         workspace = await runtime.tape_workspace(tape)
         prompt = build_system_prompt(
-            self.settings.system_prompt, workspace, tools.visible(workspace)
+            self.settings.system_prompt,
+            workspace,
+            tools.visible(workspace),
+            self.settings.skills_dir,
         )
         system = runtime.agent.scrub.text(prompt)  # as the agent sends it: secrets redacted
         messages = [{"role": "system", "content": system}, *await tape.read_messages()]
