@@ -176,6 +176,7 @@ async def test_schema_created_at_first_start_and_versioned(pg_url) -> None:
         "bub_entries",
         "bub_dedupe",
         "bub_leases",
+        "bub_jobs",
     }
     conn = await asyncpg.connect(pg_url)
     try:
