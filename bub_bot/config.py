@@ -18,6 +18,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from .approvals.approvers import Approvers
+from .approvals.policy import ApprovalPolicy
 from .errors import ConfigError
 from .mcp_config import load_mcp_config
 from .netguard import Allowance
@@ -130,6 +132,13 @@ class Settings(BaseSettings):
     fetch_allow: CsvList = Field(default_factory=list)
     """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
     are not public (bub_bot/netguard.py)."""
+
+    # approvals in chat (bub_bot/approvals)
+    approve: str = ""
+    """Per tool or group `allow|ask|deny` (`bash=ask,web.fetch=allow,mcp.github.*=ask`)."""
+    approvers: str = "requester"
+    """Who may decide: `requester`, `*`, `<channel>:<user id>` (comma-separated)."""
+    approval_timeout_seconds: float = Field(default=900.0, gt=0, le=7 * 86400)
 
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
@@ -341,6 +350,8 @@ class Settings(BaseSettings):
             )
         if self.mcp_config is not None:
             load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
+        ApprovalPolicy.parse(self.approve)  # ConfigError naming BUB_APPROVE
+        Approvers.parse(self.approvers)
         if self.fetch_allow:
             try:
                 Allowance.parse(self.fetch_allow)

@@ -17,14 +17,17 @@ import fnmatch
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .approvals.policy import parse_rules
 from .errors import ConfigError
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_RULE_KEYS = {"match", "path", "approve"}
+"""Keys a rule may have (operator keys of other features join `approve` here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,9 @@ class WorkspaceRule:
     match: str
     path: str
     index: int
+    approve: dict[str, str] = field(default_factory=dict)
+    """The approval policy of these conversations (`"approve": {"bash": "allow"}`): wins over
+    BUB_APPROVE (bub_bot/approvals/policy.py)."""
 
     @property
     def per_session(self) -> bool:
@@ -128,7 +134,7 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or set(item) != {"match", "path"}:
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= _RULE_KEYS:
             raise ConfigError(f'{name}: expected {{"match": "<glob>", "path": "<directory>"}}')
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
@@ -142,5 +148,8 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
             )
         if ".." in Path(path).parts:
             raise ConfigError(f"{name}: path must not contain '..'")
-        rules.append(WorkspaceRule(match, path, index))
+        approve = item.get("approve", {})
+        if not isinstance(approve, dict):
+            raise ConfigError(f'{name}: approve must be an object like {{"bash": "ask"}}')
+        rules.append(WorkspaceRule(match, path, index, parse_rules(approve, f"{name}: approve")))
     return rules

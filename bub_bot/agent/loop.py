@@ -10,12 +10,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..approvals.requests import (
+    APPROVE,
+    CLOSED,
+    EXPIRED,
+    STARTED,
+    OpenRequest,
+    denied_result,
+    open_requests,
+    settled_text,
+)
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
 from . import spill
-from .model import ContextOverflow, ModelClient, ModelError, ModelReply
+from .approval_gate import ALLOW, ASK, DENY, POLICY_DENIED, ApprovalGate
+from .model import ContextOverflow, ModelClient, ModelError
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
 from .tools import Origin, ToolContext, ToolRegistry
@@ -31,7 +42,8 @@ EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
 class TurnResult:
     """How a turn ended and what to tell the user.
 
-    `status`: ok | error | max_steps | overflow. `reply_entry` is the tape entry whose text
+    `status`: ok | error | max_steps | overflow | approval (the step's calls wait for a
+    person: the reply entry is the `approval.request`). `reply_entry` is the tape entry whose text
     is the reply (the final assistant message, or a `turn.notice` event), so delivery can be
     resumed after a crash. `seen_through` is the newest entry id the model saw.
     """
@@ -59,6 +71,8 @@ class Agent:
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
+        self.gate = ApprovalGate(settings)
+        """Which calls run, wait for a person's approval, or are refused (BUB_APPROVE)."""
 
     def _notify(self, name: str, data: dict[str, Any]) -> None:
         for hook in self.hooks:
@@ -105,6 +119,7 @@ class Agent:
         origin = origin or Origin(session_id=tape.session_id or "")
         ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
+        await self.settle(tape, workspace, origin, ctx=ctx)  # decided requests: their calls
         usage_total: dict[str, int] = {}
         seen_through = 0
         auto_handed_off = False
@@ -244,10 +259,53 @@ class Agent:
                     written[0],
                 )
 
+            policies = self.gate.policies(
+                reply.tool_calls,
+                lambda name: self.tools.get(name, workspace),
+                origin.session_id or tape.session_id or "",
+            )
+            if ASK in policies.values():
+                # A person decides first: the turn ends here, holding no worker or model; the
+                # decision enters the session like a message and `settle` runs the calls.
+                request = await self.gate.request(
+                    reply.tool_calls,
+                    reply.content,
+                    policies,
+                    lambda name: self.tools.get(name, workspace),
+                    origin,
+                    tape.name,
+                    seen_through,
+                    turn_id,
+                )
+                written = await tape.append_many(
+                    [
+                        request,
+                        run_event,
+                        TapeEntry.event(
+                            "loop.step",
+                            {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)},
+                            context=False,
+                        ),
+                    ]
+                )
+                self._notify("approval", {"outcome": "requested"})
+                self._notify("turn", {"status": "approval"})
+                return TurnResult(
+                    "approval",
+                    request.payload["data"]["text"],
+                    written[0].id,
+                    seen_through,
+                    step,
+                    auto_handed_off,
+                    usage_total,
+                    written[0],
+                )
             if progress is not None:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))
-            step_entries = await self._run_tools(ctx, tape, reply)
+            step_entries = await self._run_tools(
+                ctx, tape, reply.tool_calls, reply.content, policies
+            )
             step_entries.append(run_event)
             step_entries.append(
                 TapeEntry.event(
@@ -271,12 +329,114 @@ class Agent:
             tape, "max_steps", note, step, seen_through, usage_total, auto_handoff=auto_handed_off
         )
 
-    async def _run_tools(self, ctx: ToolContext, tape: Tape, reply: ModelReply) -> list[TapeEntry]:
-        """Run the step's tool calls concurrently; results keep their `tool_call_id`s."""
+    async def settle(
+        self,
+        tape: Tape,
+        workspace: Path | None = None,
+        origin: Origin | None = None,
+        *,
+        ctx: ToolContext | None = None,
+    ) -> int:
+        """Settle the tape's requests that have a decision: run the approved calls (once:
+        an `approval.started` marker goes first, and a restart after it reports the run as
+        interrupted instead of running it again), give denied and expired ones a result the
+        model sees, and write the step's `tool_call` with all its results and
+        `approval.closed` in one transaction. Returns how many requests were settled."""
+        found = [r for r in await open_requests(tape) if r.decision is not None]
+        if not found:
+            return 0
+        workspace = workspace or self.settings.workspace
+        if ctx is None:
+            origin = origin or Origin(session_id=tape.session_id or "")
+            ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
+        for request in found:
+            await self._settle_one(ctx, tape, request)
+        return len(found)
+
+    async def _settle_one(self, ctx: ToolContext, tape: Tape, request: OpenRequest) -> None:
+        data = request.data
+        assert request.decision is not None
+        decided = request.decision.payload["data"]
+        choice = str(decided.get("decision"))
+        who = decided.get("by") or {}
+        by = str(who.get("name") or who.get("id") or "someone")
+        if choice != EXPIRED and decided.get("digest") != data.get("digest"):
+            choice, by = "deny", "a decision that did not match this request"
+        policies: dict[str, str] = {}
+        fixed: dict[str, str] = {}
+        for call in data["calls"]:
+            if call["policy"] == ASK:
+                if choice == APPROVE:
+                    policies[call["id"]] = ALLOW
+                else:
+                    policies[call["id"]] = DENY
+                    fixed[call["id"]] = denied_result(choice, by)
+            else:
+                policies[call["id"]] = call["policy"]
+        runs = [cid for cid, p in policies.items() if p == ALLOW]
+        if request.started:
+            for cid in runs:  # it may have run, in part: never twice
+                policies[cid] = DENY
+                fixed[cid] = (
+                    "error: the bot restarted while this call was running; it may have run"
+                    " in part and was not run again."
+                )
+        elif runs:
+            await tape.append(
+                TapeEntry.event(STARTED, {"request": data["id"], "calls": runs}, context=False)
+            )
+        entries = await self._run_tools(
+            ctx, tape, data["tool_calls"], str(data.get("content") or ""), policies, fixed
+        )
+        at = str(decided.get("at", ""))
+        entries.append(
+            TapeEntry.event(
+                CLOSED,
+                {
+                    "request": data["id"],
+                    "decision": choice,
+                    "by": who,
+                    "at": at,
+                    "text": settled_text(choice, by, at),
+                },
+                context=False,
+            )
+        )
+        if ctx.deferred:
+            entries.extend(ctx.deferred)
+            ctx.deferred = []
+            ctx.handed_off = False
+        await tape.append_many(entries)
+        log.info(
+            "approval.closed session=%s request=%s decision=%s ran=%d",
+            tape.session_id,
+            data["id"],
+            choice,
+            0 if request.started or choice != APPROVE else len(runs),
+        )
+        self._notify("approval", {"outcome": choice})
+
+    async def _run_tools(
+        self,
+        ctx: ToolContext,
+        tape: Tape,
+        calls: list[dict[str, Any]],
+        content: str,
+        policies: dict[str, str] | None = None,
+        fixed: dict[str, str] | None = None,
+    ) -> list[TapeEntry]:
+        """Run the step's tool calls concurrently; results keep their `tool_call_id`s. A call
+        the policy denies gets `fixed` text (or the policy's refusal) and does not run."""
+        policies = policies or {}
+        fixed = fixed or {}
 
         async def one(call: dict[str, Any]) -> dict[str, Any]:
             name = call["function"]["name"]
             tool = self.tools.get(name, ctx.workspace)
+            if policies.get(call["id"]) == DENY:
+                text = fixed.get(call["id"], POLICY_DENIED)
+                self._notify("tool_call", {"tool": tool.name if tool else name, "ok": False})
+                return {"tool_call_id": call["id"], "content": text, "ok": False}
             ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
             result = self.scrub.value(result)  # before the tape, the spill and the model
             self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
@@ -297,11 +457,11 @@ class Agent:
             content: Any = result if ok else text
             return {"tool_call_id": call["id"], "content": content, "ok": ok}
 
-        results = await asyncio.gather(*(one(c) for c in reply.tool_calls))
+        results = await asyncio.gather(*(one(c) for c in calls))
         entries: list[TapeEntry] = []
-        if reply.content:
-            entries.append(TapeEntry.message({"role": "assistant", "content": reply.content}))
-        entries.append(TapeEntry.tool_call(reply.tool_calls))
+        if content:
+            entries.append(TapeEntry.message({"role": "assistant", "content": content}))
+        entries.append(TapeEntry.tool_call(calls))
         events = [r.pop("_event") for r in results if "_event" in r]
         entries.append(TapeEntry.tool_result(list(results)))
         entries.extend(events)

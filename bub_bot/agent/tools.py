@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..approvals.policy import group_of
+
 if TYPE_CHECKING:
     from ..config import Settings
     from ..tape import Tape, TapeEntry
@@ -59,6 +61,13 @@ class Tool:
     handler: Callable[..., Awaitable[Any]]
     model_visible: bool = True
     spillable: bool = True
+    group: str = ""
+    """The tool's group (`tape, fs, spill, bash, web, skills, mcp`); empty: from the name's
+    prefix (`fs.write` -> `fs`), see `tool_group`."""
+    read_only: bool | None = None
+    """MCP `readOnlyHint` (None: not annotated); the approval policy allows read-only tools."""
+    destructive: bool | None = None
+    """MCP `destructiveHint` (None: not annotated)."""
     _schema: tuple[tuple[Any, ...], dict[str, Any]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -67,6 +76,11 @@ class Tool:
     def exposed_name(self) -> str:
         """The name the model sees: dots are not allowed in function names."""
         return self.name.replace(".", "_")
+
+    @property
+    def tool_group(self) -> str:
+        """`group`, else the name's prefix (`skill` -> `skills`)."""
+        return self.group or group_of(self.name)
 
     def arguments(self, raw: dict[str, Any]) -> dict[str, Any]:
         """The handler's keyword arguments from the model's JSON (raises ValidationError)."""

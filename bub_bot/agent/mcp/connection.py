@@ -50,6 +50,10 @@ class RemoteTool:
     name: str
     description: str
     input_schema: dict[str, Any]
+    read_only: bool | None = None
+    """The server's `annotations.readOnlyHint` (None: not given)."""
+    destructive: bool | None = None
+    """The server's `annotations.destructiveHint` (None: not given)."""
 
 
 class McpConnection:
@@ -253,8 +257,15 @@ class McpConnection:
             for tool in page.tools:
                 if not self.config.allows(tool.name):
                     continue
+                hints = getattr(tool, "annotations", None)
                 found.append(
-                    RemoteTool(tool.name, (tool.description or "").strip(), tool.input_schema)
+                    RemoteTool(
+                        tool.name,
+                        (tool.description or "").strip(),
+                        tool.input_schema,
+                        getattr(hints, "readOnlyHint", None),
+                        getattr(hints, "destructiveHint", None),
+                    )
                 )
             cursor = page.next_cursor
             if not cursor:

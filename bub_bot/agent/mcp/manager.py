@@ -129,6 +129,9 @@ def _make_tool(connection: McpConnection, remote: RemoteTool) -> McpTool:
         remote=remote.name,
         input_schema=remote.input_schema,
         exposed=exposed_name(server, remote.name),
+        group="mcp",
+        read_only=remote.read_only,
+        destructive=remote.destructive,
     )
 
 
