@@ -102,6 +102,10 @@ class RuntimeLike(Protocol):
 
     async def session_known(self, session_id: str) -> bool: ...
 
+    async def decide(self, click: ApprovalClick) -> str:
+        """Store a person's decision of an approval request (once: deduplicated, it wakes
+        the session like a message); returns one of the `CLICK_*` outcomes."""
+
     async def move_session(self, old: str, new: str) -> None:
         """Messages for session `new` continue the conversation (tape) of session `old`."""
 
@@ -221,6 +225,63 @@ class Streams(Protocol):
         reply is then sent as usual). `shown`: message ids a stream to this target left
         behind (a crash mid-stream, in this or another process): the new stream takes them
         over, so the final answer replaces the partial text instead of following it."""
+
+
+@runtime_checkable
+class Approvals(Protocol):
+    """Optional: a channel that shows approval requests with Approve / Deny buttons.
+
+    A press becomes an `ApprovalClick` the channel hands to `runtime.decide` (before it
+    acknowledges the platform); what it answers the presser follows the returned outcome."""
+
+    async def ask(self, target: dict[str, Any], request: dict[str, Any]) -> list[str]:
+        """Post `request` (its `text`, `calls`, `id`, `digest`) with the buttons; returns the
+        platform message ids, as `send` does. Raises DeliveryError like `send`."""
+
+    async def settle(
+        self, target: dict[str, Any], ids: list[str], request: dict[str, Any], text: str
+    ) -> None:
+        """The request was decided: replace its buttons (messages `ids`) by `text`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalClick:
+    """A person's Approve / Deny press (or `/approve`, `/deny`) for one request."""
+
+    channel: str
+    session_id: str
+    request_id: str
+    digest: str
+    """The digest the button carried; it must match the request's (else forged)."""
+    decision: str
+    """`approve` or `deny`."""
+    user: Sender
+    key: str = ""
+    """The platform's id of the press (a re-delivery is recognised by it); optional."""
+
+
+CLICK_APPROVED = "approve"
+CLICK_DENIED = "deny"
+CLICK_ALREADY = "already"
+"""Decided before (another click, the expiry): nothing runs twice."""
+CLICK_EXPIRED = "expired"
+CLICK_NOT_ALLOWED = "not_allowed"
+"""The presser may not decide (BUB_APPROVERS): refused, changes nothing."""
+CLICK_UNKNOWN = "unknown"
+"""No such request in that conversation, or a digest that does not match: a forged or
+replayed press (4xx / an ignored ack, logged as a warning)."""
+
+
+def click_note(outcome: str) -> str:
+    """What a presser is told (ephemeral in Slack, the callback answer in Telegram)."""
+    return {
+        CLICK_APPROVED: "Approved.",
+        CLICK_DENIED: "Denied.",
+        CLICK_ALREADY: "Already decided.",
+        CLICK_EXPIRED: "This request expired.",
+        CLICK_NOT_ALLOWED: "You may not decide this request.",
+        CLICK_UNKNOWN: "Unknown request.",
+    }.get(outcome, outcome)
 
 
 @runtime_checkable

@@ -10,13 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from channels.base import Channel, Inbound, Received
+from channels.base import ApprovalClick, Channel, Inbound, Received
 
 from ..agent import Agent
+from ..approvals.expiry import ExpiryKind
 from ..config import Settings
 from ..schedules.book import ScheduleBook
 from ..schedules.prompts import PromptKind
 from ..tape import Tape, TapeStore
+from .approvals import ApprovalDesk
 from .command_runner import CommandRunner
 from .delivery import Delivery
 from .facts import channel_of, is_pending, read_cursor, read_queue, unhandled_replies
@@ -86,6 +88,12 @@ class Runtime:
         prompts = PromptKind(settings.schedule_grace_seconds, settings.schedule_drop_seconds)
         self.timer.kinds[prompts.name] = prompts
         self.schedules.added = self.timer.added
+        expiry = ExpiryKind()
+        self.timer.kinds[expiry.name] = expiry
+        self.approvals = ApprovalDesk(
+            store, agent, self.ingress, self.placement, self.timer.added, clock
+        )
+        """Approval decisions (presses, /approve, /deny) and request expiry jobs."""
 
     # -- observation ---------------------------------------------------------------------------
     def _emit(self, event: str, **data: Any) -> None:
@@ -120,7 +128,15 @@ class Runtime:
         nothing. The way on: `ingress` -> `worker` -> `turns` or `command_runner` ->
         `delivery`.
         """
+        if "/approve" in inbound.text or "/deny" in inbound.text:
+            outcome = await self.approvals.command(inbound)
+            if outcome in ("approve", "deny"):
+                return Received(new=True)
         return await self.ingress.enter(inbound_arrival(inbound))
+
+    async def decide(self, click: ApprovalClick) -> str:
+        """Store a press of an approval request's button (see `channels.base.Approvals`)."""
+        return await self.approvals.decide(click)
 
     async def wait_idle(self, session_id: str, timeout: float | None = None) -> None:
         """Wait until the session has no work (for `bub-bot run`, tests and shutdown)."""

@@ -15,8 +15,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from channels.base import Channel, DeliveryError, DeliveryUnknown, ReplyStream, Streams
+from channels.base import (
+    Approvals,
+    Channel,
+    DeliveryError,
+    DeliveryUnknown,
+    ReplyStream,
+    Streams,
+)
 
+from ..approvals.requests import REQUEST
 from ..config import Settings
 from ..tape import TapeEntry
 from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN, reply_text
@@ -70,6 +78,7 @@ class Delivery:
         marker = TapeEntry.event(
             DONE, {"through": through, "reply": reply.id, **data}, context=False
         )
+        asks = reply.kind == "event" and reply.payload.get("name") == REQUEST
         await self.send(
             session,
             source,
@@ -80,6 +89,7 @@ class Delivery:
             stream=stream,
             on_sent=on_sent,
             adopt=adopt,
+            ask=reply.payload["data"] if asks else None,
         )
         session.cursor = through
 
@@ -94,9 +104,13 @@ class Delivery:
         stream: ReplyStream | None = None,
         on_sent: Callable[[], None] | None = None,
         adopt: bool = True,
+        ask: dict[str, Any] | None = None,
     ) -> None:
         """Send `text` piece by piece, recording each; `then` is written with the last
         piece's record (or after the last attempt when that piece was not sent).
+
+        `ask`: the reply is an approval request (its data): a channel with buttons
+        (`Approvals`) posts it as one message with them; others get the text.
 
         `stream`: the reply's stream, which delivers the pieces it shows; without one (and
         with `adopt`) partial messages a crashed stream left are taken over. `on_sent` is
@@ -122,7 +136,8 @@ class Delivery:
                 ]
             )
             return
-        pieces = channel.split(text)
+        buttons = ask is not None and isinstance(channel, Approvals)
+        pieces = [text] if buttons else channel.split(text)
         if stream is None and adopt and isinstance(channel, Streams):
             stream = await self._adopt(session, channel, target)
         for index, piece in enumerate(pieces):
@@ -132,7 +147,10 @@ class Delivery:
             held: list[str] = []
             try:
                 ids = None
-                if stream is not None:
+                if buttons:
+                    assert ask is not None and isinstance(channel, Approvals)
+                    ids = await channel.ask(target, ask)
+                elif stream is not None:
                     slot = stream.shown[index] if index < len(stream.shown) else None
                     held = [slot] if slot else []
                     ids = await stream.deliver(index, piece)
@@ -173,7 +191,8 @@ class Delivery:
                     on_sent = None
             extra: list[TapeEntry] = []
             if last:
-                extra = [*await self._end(session, stream, len(pieces), reply_id), *then]
+                shown = 0 if buttons else len(pieces)  # the buttons' message is no stream's
+                extra = [*await self._end(session, stream, shown, reply_id), *then]
                 then = []
             await session.tape.append_many([record, *extra])
         if then:

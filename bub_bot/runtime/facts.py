@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ..approvals.requests import DECISION, REQUEST, is_decision
 from ..schedules.prompts import NOTICE
 from ..tape import Tape, TapeEntry
 
@@ -20,12 +21,19 @@ REPLY_UNKNOWN = "reply.unknown"
 
 
 def is_pending(entry: TapeEntry) -> bool:
-    """An inbound user message or command not yet handled (copies do not count)."""
+    """An inbound user message, command or approval decision not yet handled (copies do not
+    count)."""
     if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
         return False
     if entry.kind == "message":
         return entry.payload.get("role") == "user"
-    return entry.kind == "event" and entry.payload.get("name") == "command"
+    return entry.kind == "event" and entry.payload.get("name") in ("command", DECISION)
+
+
+def is_barrier(entry: TapeEntry) -> bool:
+    """A pending entry that ends a turn's messages: a command (a decision is part of the
+    turn it continues)."""
+    return entry.kind == "event" and not is_decision(entry)
 
 
 def command_name(entry: TapeEntry) -> str | None:
@@ -44,6 +52,7 @@ def is_reply(entry: TapeEntry) -> bool:
         "turn.notice",
         "command.done",
         NOTICE,
+        REQUEST,
     )
 
 
@@ -83,7 +92,7 @@ def covered(pending: list[TapeEntry], reply: TapeEntry, seen: int | None = None)
     limit = seen if seen is not None else seen_through(reply)
     through = 0
     for entry in pending:
-        if entry.kind == "event" or (limit is not None and entry.id > limit):
+        if is_barrier(entry) or (limit is not None and entry.id > limit):
             break
         through = entry.id
     return through
@@ -95,11 +104,11 @@ def head_through(pending: list[TapeEntry]) -> int:
     if not pending:
         return 0
     head = pending[0]
-    if head.kind == "event":
+    if is_barrier(head):
         return head.id
     through = head.id
     for entry in pending:
-        if entry.kind == "event":
+        if is_barrier(entry):
             break
         through = entry.id
     return through

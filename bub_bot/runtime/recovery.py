@@ -9,6 +9,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
+from ..approvals.requests import is_decision
 from ..config import Settings
 from ..tape import TapeEntry
 from .delivery import Delivery
@@ -63,6 +64,8 @@ class Recovery:
         before this process started (found on resume) or sent long before the platform
         delivered it (a backlog after downtime: the platform's own time says so)."""
         window = self.settings.resume_window_seconds
+        if is_decision(entry):
+            return False  # a decision always settles its request (its calls wait for it)
         if window <= 0 or (entry.date >= self.started_at and "sent_at" not in entry.meta):
             return False
         return age_seconds(entry) > window

@@ -10,13 +10,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-from channels.base import Channel
+from channels.base import Approvals, Channel
 
 from ..agent import Agent, Origin, Progress
+from ..approvals.requests import REQUEST, OpenRequest, is_decision, open_requests, settled_text
 from ..config import Settings
 from ..tape import TapeEntry, TapeStore
 from .delivery import Delivery
-from .facts import covered, head_through, is_pending
+from .facts import REPLY_SENT, covered, head_through, is_barrier, is_pending
 from .session import Session
 from .streaming import TurnStream, open_stream
 
@@ -57,10 +58,17 @@ class TurnRunner:
         session.barrier = None
         messages = []
         for entry in pending:
-            if entry.kind == "event":
+            if is_barrier(entry):
                 session.barrier = entry.id
                 break
             messages.append(entry)
+        decisions = [e for e in messages if is_decision(e)]
+        settled = await self._settle(session, decisions) if decisions else 0
+        if decisions and not settled and len(decisions) == len(messages):
+            # A decision for a request that is settled or gone (after /reset): nothing to do.
+            await self.delivery.mark_done(session, messages[-1].id, stale=True)
+            session.barrier = None
+            return
         if session.barrier is None:
             session.barrier = queued
         turn_id = uuid.uuid4().hex[:12]
@@ -118,6 +126,8 @@ class TurnRunner:
                 through = head_through([e for e in items if is_pending(e)])
                 await self.delivery.mark_done(session, through)
                 return
+            if reply.kind == "event" and reply.payload.get("name") == REQUEST:
+                self._emit("approval", channel=channel_name, outcome="requested")
             pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
             through = covered(pending_now, reply, seen)
             source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
@@ -133,6 +143,49 @@ class TurnRunner:
                 turn=turn_id,
             )
         session.barrier = None
+
+    async def _settle(self, session: Session, decisions: list[TapeEntry]) -> int:
+        """Settle the requests these decisions are for (run or refuse their calls) and show
+        the decision where the request was posted; returns how many were settled."""
+        found = [r for r in await open_requests(session.tape) if r.decision is not None]
+        if not found:
+            return 0
+        newest = decisions[-1].meta
+        origin = Origin(
+            session_id=session.id,
+            channel=str(newest.get("channel", "")),
+            reply_target=dict(newest.get("reply_target") or {}),
+            sender=dict(newest.get("sender") or {}),
+            via="approval",
+        )
+        settled = await self.agent.settle(session.tape, session.workspace, origin)
+        for request in found:
+            await self._show_decision(session, request)
+        return settled
+
+    async def _show_decision(self, session: Session, request: OpenRequest) -> None:
+        """Replace the request's buttons with who decided what (best effort)."""
+        data = request.data
+        channel = self.channels.get(str(data.get("channel", "")))
+        if not isinstance(channel, Approvals) or request.decision is None:
+            return
+        sent = await session.tape.query(
+            after_id=request.entry.id, kinds=["event"], names=[REPLY_SENT]
+        )
+        ids = [
+            str(i)
+            for e in sent
+            if e.payload["data"].get("reply") == request.entry.id
+            for i in e.payload["data"].get("ids", [])
+        ]
+        decided = request.decision.payload["data"]
+        who = decided.get("by") or {}
+        by = str(who.get("name") or who.get("id") or "someone")
+        text = settled_text(str(decided.get("decision")), by, str(decided.get("at", "")))
+        try:
+            await channel.settle(dict(data.get("reply_target") or {}), ids, data, text)
+        except Exception as exc:
+            log.warning("approval.update_failed session=%s: %s", session.id, exc)
 
     async def _agent_turn(
         self,

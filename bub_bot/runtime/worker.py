@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 from channels.base import Channel
 
+from ..approvals.requests import is_decision, open_requests
 from ..tape import TapeEntry
 from .command_runner import CommandRunner
-from .facts import is_pending, read_cursor, read_queue
+from .facts import head_through, is_barrier, is_pending, read_cursor, read_queue
 from .leases import LeaseKeeper, LeaseKey
 from .placement import Placement
 from .recovery import Recovery
@@ -140,8 +141,22 @@ class SessionWorker:
         if expired:
             await self.recovery.expire(session, expired)
             return True
+        if not is_barrier(pending[0]) and not is_decision(pending[0]):
+            waiting = [r for r in await open_requests(session.tape) if r.decision is None]
+            if waiting:
+                # A request waits for a person: these messages stay on the tape (the model
+                # reads them after the decision); the session goes on with what follows.
+                through = head_through(pending)
+                log.info(
+                    "approval.held session=%s request=%s through=%d",
+                    session.id,
+                    waiting[-1].id,
+                    through,
+                )
+                await self.turns.delivery.mark_done(session, through, held=waiting[-1].id)
+                return True
         try:
-            if pending[0].kind == "event":
+            if is_barrier(pending[0]):
                 async with self.slots:
                     await self.commands.run(session, pending[0])
             else:

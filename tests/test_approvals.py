@@ -1,0 +1,273 @@
+"""Approvals in chat: the policy, and the flow through the real runtime (SQLite, the fake
+model server, an in-process channel with buttons): a request bound to the exact calls, a
+decision entering the session like a message, exactly one decision, each call run once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from bub_bot.agent import ToolRegistry
+from bub_bot.agent.builtin import register_builtins
+from bub_bot.approvals.approvers import Approvers
+from bub_bot.approvals.policy import ApprovalPolicy, ToolFacts, is_group_conversation
+from bub_bot.approvals.requests import STARTED
+from bub_bot.errors import ConfigError
+from bub_bot.runtime import Runtime
+from bub_bot.tape import TapeEntry
+from bub_bot.workspaces import load_workspace_map
+from channels.base import ApprovalClick, Sender
+from tests.fakes.openai_server import FakeOpenAI, text, tool_calls
+from tests.runtime_channel import RuntimeChannel, events, idle, make_runtime, tape_of, until
+
+__all__ = ["make_runtime"]  # the fixture
+
+GROUP = "slack:T1:C1:1.0"
+PRIVATE = "slack:T1:D1"
+
+
+# -- the policy --------------------------------------------------------------------------------
+def test_defaults_ask_for_acting_tools_in_groups_only() -> None:
+    policy = ApprovalPolicy.parse("")
+    for name in ("bash", "fs.write", "fs.edit"):
+        assert policy.decide(ToolFacts(name), GROUP) == "ask"
+        assert policy.decide(ToolFacts(name), "telegram:-100123") == "ask"
+        for private in (PRIVATE, "telegram:42", "web:abc", "cli:local"):
+            assert policy.decide(ToolFacts(name), private) == "allow", (name, private)
+    for name in ("fs.read", "web.fetch", "tape.search", "schedule.add", "skill"):
+        assert policy.decide(ToolFacts(name), GROUP) == "allow"
+    assert is_group_conversation(GROUP) and not is_group_conversation(PRIVATE)
+
+
+def test_mcp_tools_follow_their_annotations() -> None:
+    policy = ApprovalPolicy.parse("")
+    read = ToolFacts("mcp.gh.search", "mcp", read_only=True)
+    write = ToolFacts("mcp.gh.create_issue", "mcp", read_only=False, destructive=False)
+    bare = ToolFacts("mcp.gh.thing", "mcp")
+    assert policy.decide(read, GROUP) == "allow"
+    assert policy.decide(write, GROUP) == "ask"
+    assert policy.decide(bare, GROUP) == "ask"
+    assert policy.decide(bare, "web:x") == "allow"
+
+
+def test_rules_most_specific_wins_and_workspace_overrides() -> None:
+    policy = ApprovalPolicy.parse("fs=deny, fs.read=allow, mcp.gh.*=ask, mcp.*=deny, bash=allow")
+    assert policy.decide(ToolFacts("fs.write"), PRIVATE) == "deny"
+    assert policy.decide(ToolFacts("fs.read"), PRIVATE) == "allow"
+    assert policy.decide(ToolFacts("mcp.gh.search", "mcp", read_only=True), PRIVATE) == "ask"
+    assert policy.decide(ToolFacts("mcp.other.x", "mcp", read_only=True), PRIVATE) == "deny"
+    assert policy.decide(ToolFacts("bash"), GROUP) == "allow"
+    assert policy.decide(ToolFacts("bash"), GROUP, {"bash": "deny"}) == "deny"
+
+
+@pytest.mark.parametrize("value", ["bash", "bash=maybe", "=ask"])
+def test_bad_policy_names_the_setting(value: str) -> None:
+    with pytest.raises(ConfigError, match="BUB_APPROVE"):
+        ApprovalPolicy.parse(value)
+
+
+def test_workspace_rule_approve_key(tmp_path) -> None:
+    rules = tmp_path / "map.json"
+    body = {"match": "slack:*", "path": str(tmp_path), "approve": {"bash": "deny"}}
+    rules.write_text(json.dumps({"workspaces": [body]}))
+    found = load_workspace_map(rules, tmp_path)
+    assert found.rule_for(GROUP).approve == {"bash": "deny"}
+    rules.write_text(json.dumps({"workspaces": [{**body, "approve": {"bash": "sure"}}]}))
+    with pytest.raises(ConfigError, match="rule 1: approve"):
+        load_workspace_map(rules, tmp_path)
+
+
+def test_approvers() -> None:
+    default = Approvers.parse("")
+    assert default.allowed("slack", "U1", "U1") and not default.allowed("slack", "U2", "U1")
+    team = Approvers.parse("requester,slack:U9,telegram:*")
+    assert team.allowed("slack", "U9", "U1") and not team.allowed("slack", "U8", "U1")
+    assert team.allowed("telegram", "5", "6")
+    assert Approvers.parse("*").allowed("web", "x", "y")
+    assert not Approvers.parse("slack:U9").allowed("slack", "U1", "U1")
+
+
+# -- the flow ----------------------------------------------------------------------------------
+class ButtonChannel(RuntimeChannel):
+    """The runtime test channel with buttons: records requests posted and their updates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[dict[str, Any]] = []
+        self.settled: list[tuple[list[str], str]] = []
+
+    async def ask(self, target: dict[str, Any], request: dict[str, Any]) -> list[str]:
+        ids = await self.send(target, request["text"])
+        self.asked.append(request)
+        return ids
+
+    async def settle(
+        self, target: dict[str, Any], ids: list[str], request: dict[str, Any], text_: str
+    ) -> None:
+        self.settled.append((ids, text_))
+
+
+def counting_registry() -> tuple[ToolRegistry, list[str]]:
+    """The built-in tools and a `bash` stand-in that records each run."""
+    registry = register_builtins(ToolRegistry())
+    runs: list[str] = []
+
+    @registry.tool("bash")
+    async def bash(ctx, command: str) -> str:
+        """Run a command."""
+        runs.append(command)
+        return f"ran {command}"
+
+    return registry, runs
+
+
+def click(runtime: Runtime, request: dict[str, Any], decision: str, user: str = "u1", **kw):
+    return runtime.decide(
+        ApprovalClick(
+            channel="test",
+            session_id=kw.get("session", "test:a"),
+            request_id=request["id"],
+            digest=kw.get("digest", request["digest"]),
+            decision=decision,
+            user=Sender(user, user.upper()),
+        )
+    )
+
+
+def tool_texts(fake: FakeOpenAI) -> list[str]:
+    last = fake.completion_requests()[-1].body["messages"]
+    return [m["content"] for m in last if m["role"] == "tool"]
+
+
+async def asked_once(runtime, channel: ButtonChannel, fake: FakeOpenAI, say: str = "go"):
+    fake.script(tool_calls([("bash", {"command": "echo hi"})]), text("done"))
+    await channel.say(say)
+    await until(lambda: len(channel.asked) == 1)
+    await idle(runtime, "test:a")
+    return channel.asked[0]
+
+
+async def test_approve_runs_the_call_once(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    request = await asked_once(runtime, channel, fake_openai)
+    assert "echo hi" in request["text"] and runs == []
+    assert await click(runtime, request, "approve", user="u2") == "not_allowed"
+    assert await click(runtime, request, "approve", digest="0" * 16) == "unknown"
+    assert runs == []
+    assert await click(runtime, request, "approve") == "approve"
+    assert await click(runtime, request, "approve") == "already"  # the double click
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == ["echo hi"]
+    assert channel.texts("a")[-1] == "done"
+    assert tool_texts(fake_openai) == ["ran echo hi"]
+    assert channel.settled and channel.settled[0][0] and "Approved by U1" in channel.settled[0][1]
+    assert await click(runtime, request, "deny") == "already"
+    assert len(fake_openai.completion_requests()) == 2
+
+
+async def test_deny_is_a_result_the_model_sees(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(
+        ButtonChannel(), registry, approve="bash=ask", approvers="requester,test:boss"
+    )
+    request = await asked_once(runtime, channel, fake_openai)
+    assert await click(runtime, request, "deny", user="boss") == "deny"
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == []
+    assert tool_texts(fake_openai) == ["error: denied by BOSS; the call did not run."]
+
+
+async def test_expiry_and_a_click_after_it(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(
+        ButtonChannel(), registry, approve="bash=ask", approval_timeout_seconds=0.05
+    )
+    request = await asked_once(runtime, channel, fake_openai)
+    await asyncio.sleep(0.1)
+    assert await click(runtime, request, "approve") == "expired"
+    fired = await runtime.timer.fire_due()
+    assert [f.entry is not None for f in fired] == [True]
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == []
+    assert tool_texts(fake_openai) == ["error: not approved in time; the call did not run."]
+    assert await click(runtime, request, "approve") == "already"
+
+
+async def test_messages_while_waiting_reach_the_model_after(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    request = await asked_once(runtime, channel, fake_openai)
+    await channel.say("also, hurry")
+    await idle(runtime, "test:a")
+    assert len(fake_openai.completion_requests()) == 1  # held: no model call
+    assert await click(runtime, request, "approve") == "approve"
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    body = fake_openai.completion_requests()[-1].body["messages"]
+    assert any(m["role"] == "user" and m["content"] == "also, hurry" for m in body)
+    assert runs == ["echo hi"]
+
+
+async def test_typed_deny(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    await asked_once(runtime, channel, fake_openai)
+    await channel.say("/deny")
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == [] and "denied by U1" in tool_texts(fake_openai)[0]
+
+
+async def test_restart_while_waiting_then_approve(
+    make_runtime, fake_openai: FakeOpenAI, store
+) -> None:
+    registry, runs = counting_registry()
+    first, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    request = await asked_once(first, channel, fake_openai)
+    await first.shutdown(grace=1)
+    second, channel2 = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    await second.start()
+    assert await click(second, request, "approve") == "approve"
+    await channel2.wait_sent("a", 1)
+    await idle(second, "test:a")
+    assert runs == ["echo hi"]
+    assert channel2.texts("a") == ["done"]
+
+
+async def test_a_run_interrupted_by_a_crash_is_not_repeated(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    request = await asked_once(runtime, channel, fake_openai)
+    tape = tape_of(runtime, "test:a")
+    # What a crash after the marker and before the results leaves behind.
+    await tape.append(TapeEntry.event(STARTED, {"request": request["id"]}, context=False))
+    assert await click(runtime, request, "approve") == "approve"
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == []
+    assert "restarted while this call was running" in tool_texts(fake_openai)[0]
+    assert len(await events(tape, "approval.closed")) == 1
+
+
+async def test_allowed_and_denied_calls_need_no_click(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=deny")
+    fake_openai.script(tool_calls([("bash", {"command": "rm -rf /"})]), text("ok"))
+    await channel.say("go")
+    await channel.wait_sent("a", 1)
+    await idle(runtime, "test:a")
+    assert runs == [] and channel.asked == []
+    assert "not allowed here" in tool_texts(fake_openai)[0]
