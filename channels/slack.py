@@ -51,6 +51,7 @@ from bub_bot.config import ConfigError, Settings
 
 from . import slack_events
 from .base import DENIED, Inbound, RuntimeLike, Sender
+from .slack_approvals import SlackApprovals
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
 from .slack_outbox import SlackOutbox
 from .slack_stream import SlackStream
@@ -119,6 +120,8 @@ class SlackChannel:
         self._notified: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.outbox = SlackOutbox(settings, self.client)
+        self.approvals = SlackApprovals(self.outbox, lambda: self.team_id)
+        """Approval requests with Block Kit buttons (channels/slack_approvals.py)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -210,6 +213,8 @@ class SlackChannel:
         if body is None:
             self._not_used(received)
             return web.Response(status=200)
+        if body["type"] == "block_actions":
+            return web.Response(status=await self.approvals.press(body, self.runtime))
         # As a dict ("socket_mode"), bolt takes the cleaned body as it is: no second parse.
         bolt_request = AsyncBoltRequest(body=body, headers=request.headers, mode="socket_mode")
         return await to_aiohttp_response(await self.app.async_dispatch(bolt_request))
@@ -223,6 +228,9 @@ class SlackChannel:
                 self._not_used(request.payload)
         except Rejected as exc:
             self._rejected(exc, "socket")
+            body = None
+        if body is not None and body["type"] == "block_actions" and self.runtime is not None:
+            await self.approvals.press(body, self.runtime)  # stored before the ack
             body = None
         if body is None:
             await client.send_socket_mode_response(SocketModeResponse(request.envelope_id))
@@ -441,6 +449,16 @@ class SlackChannel:
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self.outbox.working(target)
+
+    async def ask(self, target: dict[str, Any], request: dict[str, Any]) -> list[str]:
+        """An approval request with Approve / Deny buttons (channels.base.Approvals)."""
+        return await self.approvals.ask(target, request)
+
+    async def settle(
+        self, target: dict[str, Any], ids: list[str], request: dict[str, Any], text: str
+    ) -> None:
+        """The request was decided: its buttons give way to who decided what."""
+        await self.approvals.settle(target, ids, request, text)
 
 
 def _normalise_mentions(text: str) -> str:

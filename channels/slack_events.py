@@ -157,7 +157,50 @@ def clean(body: Any) -> dict[str, Any] | None:
         return {"type": kind, "challenge": challenge}
     if kind == "event_callback":
         return _event_callback(body)
+    if kind == "block_actions":
+        return _block_actions(body)
     return None
+
+
+_VALUE_RE = re.compile(r"[0-9a-f]{12}:[0-9a-f]{16}")
+
+
+def _block_actions(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A button press: the presser, the conversation, the message and our action. None for
+    a press that is not one of the bot's approval buttons (acknowledged, ignored)."""
+    kind = "block_actions"
+
+    def field(where: Any, name: str, pattern: re.Pattern[str], optional: bool = False) -> str:
+        value = where.get(name) if isinstance(where, dict) else None
+        if value is None and optional:
+            return ""
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise Rejected(kind, f"{name} is missing or malformed")
+        return value
+
+    actions = body.get("actions")
+    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
+        raise Rejected(kind, "no actions")
+    action = actions[0]
+    action_id = action.get("action_id")
+    if action_id not in ("bub_approval_approve", "bub_approval_deny"):
+        return None
+    user = body.get("user")
+    container = body.get("container")
+    message = body.get("message") if isinstance(body.get("message"), dict) else {}
+    name = user.get("name") or user.get("username") if isinstance(user, dict) else ""
+    return {
+        "type": kind,
+        "action": "approve" if action_id == "bub_approval_approve" else "deny",
+        "value": field(action, "value", _VALUE_RE),
+        "action_ts": field(action, "action_ts", _TS_RE, optional=True),
+        "user": field(user, "id", _ID_RE),
+        "user_name": name if isinstance(name, str) and _unicode(name) else "",
+        "team": field(body.get("team"), "id", _ID_RE, optional=True),
+        "channel": field(container, "channel_id", _ID_RE),
+        "message_ts": field(container, "message_ts", _TS_RE),
+        "thread_ts": field(message, "thread_ts", _TS_RE, optional=True),
+    }
 
 
 def _event_callback(body: dict[str, Any]) -> dict[str, Any]:
