@@ -213,7 +213,7 @@ class SlackChannel:
         if body is None:
             self._not_used(received)
             return web.Response(status=200)
-        if body["type"] == "block_actions":
+        if body.get("type") == "block_actions":
             return web.Response(status=await self.approvals.press(body, self.runtime))
         # As a dict ("socket_mode"), bolt takes the cleaned body as it is: no second parse.
         bolt_request = AsyncBoltRequest(body=body, headers=request.headers, mode="socket_mode")
@@ -229,7 +229,7 @@ class SlackChannel:
         except Rejected as exc:
             self._rejected(exc, "socket")
             body = None
-        if body is not None and body["type"] == "block_actions" and self.runtime is not None:
+        if body is not None and body.get("type") == "block_actions" and self.runtime is not None:
             await self.approvals.press(body, self.runtime)  # stored before the ack
             body = None
         if body is None:
