@@ -47,6 +47,7 @@ from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
 from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
+from .telegram_approvals import TelegramApprovals
 from .telegram_content import MessageReader, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
@@ -121,6 +122,8 @@ class TelegramChannel:
             typing_interval=typing_interval,
         )
         self._drafts = Drafts()
+        self._approvals = TelegramApprovals(self._outbox, self._route, self._api, self.name)
+        """Approval requests with an inline keyboard (channels/telegram_approvals.py)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -272,6 +275,9 @@ class TelegramChannel:
 
     async def _handle(self, update: Update) -> None:
         """Store one update's message (if it is for us); raises only when storing failed."""
+        if update.callback_query is not None and self._runtime is not None:
+            await self._approvals.press(update.callback_query, self._runtime)
+            return
         message = update.message
         if message is None or self._runtime is None:
             return  # edited messages, channel posts, anything else we did not subscribe to
@@ -407,6 +413,16 @@ class TelegramChannel:
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self._outbox.working(target)
+
+    async def ask(self, target: dict[str, Any], request: dict[str, Any]) -> list[str]:
+        """An approval request with an inline keyboard (channels.base.Approvals)."""
+        return await self._approvals.ask(target, request)
+
+    async def settle(
+        self, target: dict[str, Any], ids: list[str], request: dict[str, Any], text: str
+    ) -> None:
+        """The request was decided: the keyboard gives way to who decided what."""
+        await self._approvals.settle(target, ids, request, text)
 
     def stream(
         self, target: dict[str, Any], shown: Sequence[str | None] = ()

@@ -23,7 +23,7 @@ from .telegram_updates import Malformed, RawGetUpdates, read_update, update_id
 
 log = logging.getLogger("channels.telegram")
 
-ALLOWED_UPDATES = ["message"]
+ALLOWED_UPDATES = ["message", "callback_query"]
 
 
 class Poller:

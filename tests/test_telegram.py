@@ -426,7 +426,10 @@ async def test_webhook_secret_json_and_ack_after_persistence(
         telegram_webhook_url="https://bot.example.test/tg/hook", telegram_webhook_secret=SECRET
     )
     assert tg.webhook["url"] == "https://bot.example.test/tg/hook"
-    assert tg.webhook["secret_token"] == SECRET and tg.webhook["allowed_updates"] == ["message"]
+    assert tg.webhook["secret_token"] == SECRET and tg.webhook["allowed_updates"] == [
+        "message",
+        "callback_query",
+    ]
     assert not tg.webhook.get("drop_pending_updates")
     assert tg.calls_of("getUpdates") == []
     url = h.server.url + "/tg/hook"

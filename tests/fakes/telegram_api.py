@@ -304,6 +304,8 @@ class FakeTelegram:
         self.webhook: Params = {"url": ""}
         self.webhook_last_error: str | None = None
         self.messages: dict[tuple[int, int], Params] = {}  # (chat_id, message_id) -> message
+        self.callback_answers: list[Params] = []
+        """answerCallbackQuery calls (inline keyboard presses answered)."""
         self._chats: dict[int, Params] = {}
         self._next_mid: dict[int, int] = defaultdict(lambda: 1)
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -325,6 +327,7 @@ class FakeTelegram:
             "deleteWebhook": self._delete_webhook,
             "getWebhookInfo": self._get_webhook_info,
             "getFile": self._get_file,
+            "answerCallbackQuery": self._answer_callback_query,
         }
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -463,6 +466,23 @@ class FakeTelegram:
         message.setdefault("date", int(time.time()))
         self.messages[(chat_id, message["message_id"])] = message
         return {"message": message}
+
+    def callback_update(
+        self, chat_id: int, user_id: int, message_id: int, data: str, first_name: str = "Ann"
+    ) -> Params:
+        """A press of an inline keyboard button on the bot's message `message_id`."""
+        message = self.messages[(chat_id, message_id)]
+        user = self._user(user_id, first_name, None)
+        query_id = f"q{len(self.callback_answers)}-{message_id}-{user_id}-{time.monotonic_ns()}"
+        return {
+            "callback_query": {
+                "id": query_id,
+                "from": user,
+                "message": message,
+                "chat_instance": str(chat_id),
+                "data": data,
+            }
+        }
 
     def mention_entities(self, text: str) -> list[Params]:
         """``mention`` entities for each ``@<bot username>`` in ``text`` (UTF-16 offsets)."""
@@ -676,6 +696,12 @@ class FakeTelegram:
     async def _true(self, p: Params) -> bool:
         return True
 
+    async def _answer_callback_query(self, p: Params) -> bool:
+        if not p.get("callback_query_id"):
+            raise ApiError(400, "Bad Request: query is too old or query ID is invalid")
+        self.callback_answers.append(dict(p))
+        return True
+
     async def _get_me(self, p: Params) -> Params:
         flags = ("can_join_groups", "can_read_all_group_messages", "supports_inline_queries")
         return self._bot_user() | dict.fromkeys(flags, False) | {"can_join_groups": True}
@@ -747,8 +773,10 @@ class FakeTelegram:
         text, ents = self._render(p)
         if text == msg.get("text") and ents == msg.get("entities", []):
             raise ApiError(400, NOT_MODIFIED)
-        new = {k: v for k, v in msg.items() if k != "entities"}
+        new = {k: v for k, v in msg.items() if k not in ("entities", "reply_markup")}
         new.update(text=text, edit_date=int(time.time()))
+        if p.get("reply_markup"):
+            new["reply_markup"] = _decode("reply_markup", p["reply_markup"])
         if ents:
             new["entities"] = ents
         self.messages[key] = new
