@@ -10,22 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..approvals.requests import (
-    APPROVE,
-    CLOSED,
-    EXPIRED,
-    STARTED,
-    OpenRequest,
-    denied_result,
-    open_requests,
-    settled_text,
-)
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
 from . import spill
-from .approval_gate import ALLOW, ASK, DENY, POLICY_DENIED, ApprovalGate
+from .approval_gate import ASK, DENY, POLICY_DENIED, ApprovalGate
+from .approval_settle import settle
 from .model import ContextOverflow, ModelClient, ModelError
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
@@ -337,84 +328,17 @@ class Agent:
         *,
         ctx: ToolContext | None = None,
     ) -> int:
-        """Settle the tape's requests that have a decision: run the approved calls (once:
-        an `approval.started` marker goes first, and a restart after it reports the run as
-        interrupted instead of running it again), give denied and expired ones a result the
-        model sees, and write the step's `tool_call` with all its results and
-        `approval.closed` in one transaction. Returns how many requests were settled."""
-        found = [r for r in await open_requests(tape) if r.decision is not None]
-        if not found:
-            return 0
-        workspace = workspace or self.settings.workspace
+        """Settle the tape's decided approval requests (`approval_settle.settle`): their
+        calls run once or get a denial the model sees. Returns how many were settled."""
         if ctx is None:
             origin = origin or Origin(session_id=tape.session_id or "")
-            ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
-        for request in found:
-            await self._settle_one(ctx, tape, request)
-        return len(found)
-
-    async def _settle_one(self, ctx: ToolContext, tape: Tape, request: OpenRequest) -> None:
-        data = request.data
-        assert request.decision is not None
-        decided = request.decision.payload["data"]
-        choice = str(decided.get("decision"))
-        who = decided.get("by") or {}
-        by = str(who.get("name") or who.get("id") or "someone")
-        if choice != EXPIRED and decided.get("digest") != data.get("digest"):
-            choice, by = "deny", "a decision that did not match this request"
-        policies: dict[str, str] = {}
-        fixed: dict[str, str] = {}
-        for call in data["calls"]:
-            if call["policy"] == ASK:
-                if choice == APPROVE:
-                    policies[call["id"]] = ALLOW
-                else:
-                    policies[call["id"]] = DENY
-                    fixed[call["id"]] = denied_result(choice, by)
-            else:
-                policies[call["id"]] = call["policy"]
-        runs = [cid for cid, p in policies.items() if p == ALLOW]
-        if request.started:
-            for cid in runs:  # it may have run, in part: never twice
-                policies[cid] = DENY
-                fixed[cid] = (
-                    "error: the bot restarted while this call was running; it may have run"
-                    " in part and was not run again."
-                )
-        elif runs:
-            await tape.append(
-                TapeEntry.event(STARTED, {"request": data["id"], "calls": runs}, context=False)
+            ctx = ToolContext(
+                tape=tape,
+                workspace=workspace or self.settings.workspace,
+                settings=self.settings,
+                origin=origin,
             )
-        entries = await self._run_tools(
-            ctx, tape, data["tool_calls"], str(data.get("content") or ""), policies, fixed
-        )
-        at = str(decided.get("at", ""))
-        entries.append(
-            TapeEntry.event(
-                CLOSED,
-                {
-                    "request": data["id"],
-                    "decision": choice,
-                    "by": who,
-                    "at": at,
-                    "text": settled_text(choice, by, at),
-                },
-                context=False,
-            )
-        )
-        if ctx.deferred:
-            entries.extend(ctx.deferred)
-            ctx.deferred = []
-            ctx.handed_off = False
-        await tape.append_many(entries)
-        log.info(
-            "approval.closed session=%s request=%s decision=%s ran=%d",
-            tape.session_id,
-            data["id"],
-            choice,
-            0 if request.started or choice != APPROVE else len(runs),
-        )
-        self._notify("approval", {"outcome": choice})
+        return await settle(ctx, tape, self._run_tools, self._notify)
 
     async def _run_tools(
         self,
