@@ -65,6 +65,8 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
         BUB_MODEL="fake-model",
         BUB_MODEL_RETRIES="0",
         BUB_SPILL_THRESHOLD="20",
+        # Approvals in the page: scheduling asks first (test_approval_buttons).
+        BUB_APPROVE="schedule.add=ask",
     )
     # cwd without a .env: only the settings above count. No Telegram or Slack token.
     proc = await asyncio.create_subprocess_exec(
@@ -304,4 +306,52 @@ async def test_viewer_shows_session_anchor_spill_and_context(
     await expect(page.locator(".msg.role-user")).to_contain_text(
         "Viewer phase: we measured the tape"
     )
+    await page.close()
+
+
+async def test_approval_buttons(served: Served, logged_in: BrowserContext) -> None:
+    page = await _chat_page(logged_in, served)
+    call = ("schedule_add", {"prompt": "water the plants", "in_seconds": 3600})
+    served.fake.script(tool_calls([call]), text("Scheduled."), tool_calls([call]), text("Fine."))
+    await _say(page, "remind me to water the plants in an hour")
+    request = page.locator("#messages .item.approval").last
+    await expect(request).to_contain_text("schedule.add")
+    await expect(request.locator("button.approval-approve")).to_be_visible()
+    screenshot = await page.screenshot()
+    assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    target = os.environ.get("BUB_APPROVAL_SCREENSHOT")
+    if target:
+        (ROOT / target).write_bytes(screenshot)
+    await request.locator("button.approval-approve").click()
+    await expect(page.locator("#messages .item.notice").last).to_contain_text("Approved by")
+    await expect(page.locator("#messages .item.bot").last).to_have_text("Scheduled.")
+    await expect(request.locator("button")).to_have_count(0)
+    results = [
+        m["content"]
+        for m in served.fake.completion_requests()[-1].body["messages"]
+        if m["role"] == "tool"
+    ]
+    assert "water the plants" in results[-1]  # the job was added: the call ran
+
+    await _say(page, "again")
+    request = page.locator("#messages .item.approval").last
+    await expect(request.locator("button.approval-deny")).to_be_visible()
+    await request.locator("button.approval-deny").click()
+    await expect(page.locator("#messages .item.bot").last).to_have_text("Fine.")
+    await page.reload()  # the settled request shows no buttons after a reload either
+    await expect(page.locator("#messages .approval-buttons")).to_have_count(0)
+    # A replayed press is "already decided"; a forged one (wrong digest, unknown id) is 404.
+    conversation = page.url.split("#", 1)[1]
+    base = f"{served.base_url}/api/conversations/{conversation}/approvals"
+    history = await page.request.get(f"{served.base_url}/api/conversations/{conversation}/messages")
+    asked = [i["approval"] for i in (await history.json())["items"] if i.get("approval")]
+    press = {"decision": "approve", "digest": asked[-1]["digest"]}
+    replay = await page.request.post(f"{base}/{asked[-1]['id']}", data=press)
+    assert replay.status == 409
+    forged = await page.request.post(
+        f"{base}/{asked[-1]['id']}", data={**press, "digest": "0" * 16}
+    )
+    assert forged.status == 404
+    unknown = await page.request.post(f"{base}/{'a' * 12}", data=press)
+    assert unknown.status == 404
     await page.close()

@@ -89,6 +89,11 @@ class WebChannel:
                 guard(chat.post_message, api=True),
             ),
             ("GET", "/api/conversations/{conversation}/events", guard(chat.events, api=True)),
+            (
+                "POST",
+                "/api/conversations/{conversation}/approvals/{request}",
+                guard(chat.decide, api=True),
+            ),
         ]
         if self.viewer is not None:
             viewer = self.viewer

@@ -34,7 +34,17 @@ from aiohttp import web
 
 from bub_bot.config import MODEL_MISSING, Settings
 from bub_bot.tape import Tape
-from channels.base import Inbound, Sender
+from channels.base import (
+    CLICK_ALREADY,
+    CLICK_APPROVED,
+    CLICK_DENIED,
+    CLICK_EXPIRED,
+    CLICK_NOT_ALLOWED,
+    ApprovalClick,
+    Inbound,
+    Sender,
+    click_note,
+)
 
 from .auth import secure
 from .history import Cursor, snapshot, tail
@@ -213,6 +223,46 @@ class ChatRoutes:
             {"stored": True, "duplicate": received.duplicate, "entry_id": received.entry_id},
             status=202 if received.new else 200,
         )
+
+    async def decide(self, request: web.Request) -> web.StreamResponse:
+        """A press of an approval request's button: `{"decision": "approve"|"deny",
+        "digest": ...}`; stored before the answer. 202: decided; 409: decided before or
+        expired; 403: this person may not decide; 404: no such request (or a digest that
+        does not match): nothing runs."""
+        conversation = self._conversation(request)
+        request_id = request.match_info.get("request", "")
+        if conversation is None or not re.fullmatch(r"[0-9a-f]{12}", request_id):
+            return _error(404, "no such request")
+        try:
+            body = await request.json()
+        except (ValueError, LookupError):
+            return _error(400, "the body is not valid JSON")
+        if not isinstance(body, dict) or body.get("decision") not in ("approve", "deny"):
+            return _error(400, 'send {"decision": "approve" or "deny", "digest": ...}')
+        digest = body.get("digest")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
+            return _error(400, "digest is missing or malformed")
+        outcome = await self.runtime().decide(
+            ApprovalClick(
+                channel=self.channel,
+                session_id=f"web:{conversation}",
+                request_id=request_id,
+                digest=digest,
+                decision=body["decision"],
+                user=Sender(id="web", name="web user"),
+            )
+        )
+        self.hub.notify(conversation)
+        status = {
+            CLICK_APPROVED: 202,
+            CLICK_DENIED: 202,
+            CLICK_ALREADY: 409,
+            CLICK_EXPIRED: 409,
+            CLICK_NOT_ALLOWED: 403,
+        }.get(outcome, 404)
+        if status == 202:
+            await self.relay.changed(conversation)
+        return web.json_response({"outcome": outcome, "note": click_note(outcome)}, status=status)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """JSON: the conversation since its last anchor, or what came after `?after=<cursor>`;

@@ -35,6 +35,8 @@ CHAT_NAMES = (
     "turn.notice",
     "inbound.expired",
     "schedule.notice",
+    "approval.request",
+    "approval.closed",
 )
 
 
@@ -133,6 +135,14 @@ def chat_item(entry: TapeEntry) -> dict[str, Any] | None:
             return {**base, "kind": "bot", "html": plain(text)}
         if name in ("turn.notice", "inbound.expired", "schedule.notice"):
             return {**base, "kind": "notice", "html": plain(text)}
+        if name == "approval.request":
+            # The page shows Approve / Deny buttons bound to the request and its digest.
+            shown = text.rsplit("\nReply /approve", 1)[0]
+            bound = {"id": str(data.get("id", "")), "digest": str(data.get("digest", ""))}
+            return {**base, "kind": "approval", "html": plain(shown), "approval": bound}
+        if name == "approval.closed":
+            closed = str(data.get("request", ""))
+            return {**base, "kind": "notice", "html": plain(text), "approval_closed": closed}
         return None
     if entry.kind == "anchor":
         return {**base, "kind": "anchor", "html": _anchor_html(entry)}

@@ -60,7 +60,47 @@
     // Rendered by the server from Markdown with raw HTML disabled; the page's CSP forbids
     // inline scripts and event handlers as a second line of defence.
     el.innerHTML = item.html;
+    if (item.approval) el.appendChild(approvalButtons(item.approval));
     return el;
+  }
+
+  // Approve / Deny under a request, bound to its id and digest; the server stores the press
+  // and the page shows the outcome (the request's settled note arrives as an item).
+  function approvalButtons(approval) {
+    const bar = document.createElement("div");
+    bar.className = "approval-buttons";
+    bar.dataset.request = approval.id;
+    for (const [decision, label] of [["approve", "Approve"], ["deny", "Deny"]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = `approval-${decision}`;
+      button.textContent = label;
+      button.addEventListener("click", async () => {
+        for (const b of bar.querySelectorAll("button")) b.disabled = true;
+        try {
+          const res = await api(`/api/conversations/${conversation}/approvals/${approval.id}`, {
+            method: "POST",
+            body: JSON.stringify({ decision, digest: approval.digest }),
+          });
+          const data = await res.json();
+          if (res.status !== 202) {
+            setStatus(data.note || data.error || "not decided");
+            bar.remove();
+          }
+        } catch (err) {
+          for (const b of bar.querySelectorAll("button")) b.disabled = false;
+          setStatus("could not send the decision; try again");
+        }
+      });
+      bar.appendChild(button);
+    }
+    return bar;
+  }
+
+  function closeApproval(id) {
+    for (const bar of messages.querySelectorAll(".approval-buttons")) {
+      if (bar.dataset.request === id) bar.remove();
+    }
   }
 
   function addItem(item) {
@@ -74,6 +114,7 @@
       messages.appendChild(el);
     }
     shown.set(item.id, el);
+    if (item.approval_closed) closeApproval(item.approval_closed);
     // The final answer (or a notice that ends the turn) replaces the partial one; a command's
     // result mid-turn (/status) does not.
     if (item.answer || item.kind === "notice") removePartial();
