@@ -26,6 +26,7 @@ async def run_once(settings: Settings, message: str, session: str = "local") -> 
         inbound = channel.inbound(message, session)
         await bot.runtime.receive(inbound)
         await bot.runtime.wait_idle(inbound.session_id)
+        await _answer_requests(bot, channel, asyncio.get_running_loop(), sys.stdin.isatty())
     finally:
         await bot.close()
     if outcomes and outcomes[-1] not in ("ok", "auto_handoff"):
@@ -60,6 +61,7 @@ async def chat(settings: Settings, session: str = "local") -> int:
             inbound = channel.inbound(text, session)
             await bot.runtime.receive(inbound)
             await bot.runtime.wait_idle(inbound.session_id)
+            await _answer_requests(bot, channel, loop, True)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     finally:
@@ -67,6 +69,23 @@ async def chat(settings: Settings, session: str = "local") -> int:
             print()
         await bot.close()
     return 0
+
+
+async def _answer_requests(
+    bot: Bot, channel: CliChannel, loop: asyncio.AbstractEventLoop, ask: bool
+) -> None:
+    """Ask y/N for each approval request the turns posted (without a terminal to ask: no,
+    so nothing runs unapproved), and wait for the turn that follows each answer."""
+    while channel.asking:
+        session, request = channel.asking.pop(0)
+        answer = ""
+        if ask:
+            print("Approve? [y/N] ", end="", flush=True)
+            answer = await _read_line(loop)
+        outcome = await bot.runtime.decide(channel.click(session, request, answer))
+        if outcome not in ("approve", "deny"):
+            print(f"({outcome})", flush=True)
+        await bot.runtime.wait_idle(f"cli:{session}")
 
 
 async def _read_line(loop: asyncio.AbstractEventLoop) -> str:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TextIO
 
-from .base import Inbound, RuntimeLike, Sender
+from .base import ApprovalClick, Inbound, RuntimeLike, Sender
 
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 
@@ -28,6 +28,9 @@ class CliChannel:
         self.user = user
         self.sent: list[str] = []
         self.on_send: Callable[[str], None] | None = None
+        self.asking: list[tuple[str, dict[str, Any]]] = []
+        """Approval requests posted and not answered yet: (session, request); the terminal
+        asks y/N for each after the turn (`bub_bot/cli.py`)."""
 
     def inbound(self, text: str, session: str = "local") -> Inbound:
         """A typed line as an inbound message of session `cli:<session>`."""
@@ -57,6 +60,30 @@ class CliChannel:
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
         print(piece, file=self.out, flush=True)
         return self._sent(piece)
+
+    async def ask(self, target: dict[str, Any], request: dict[str, Any]) -> list[str]:
+        """An approval request: printed; the prompt loop asks y/N (channels.base.Approvals)."""
+        text = request["text"].rsplit("\nReply /approve", 1)[0]
+        print(text, file=self.out, flush=True)
+        self.asking.append((str(target.get("session", "local")), request))
+        return self._sent(text)
+
+    async def settle(
+        self, target: dict[str, Any], ids: list[str], request: dict[str, Any], text: str
+    ) -> None:
+        print(text, file=self.out, flush=True)
+
+    def click(self, session: str, request: dict[str, Any], answer: str) -> ApprovalClick:
+        """The decision a y/N answer makes (anything but y/yes denies)."""
+        approve = answer.strip().lower() in ("y", "yes")
+        return ApprovalClick(
+            channel=self.name,
+            session_id=f"cli:{session}",
+            request_id=str(request["id"]),
+            digest=str(request["digest"]),
+            decision="approve" if approve else "deny",
+            user=Sender(id=self.user, name=self.user),
+        )
 
     def _sent(self, piece: str) -> list[str]:
         self.sent.append(piece)

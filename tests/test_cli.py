@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from bub_bot.tape import SQLiteTapeStore, Tape
-from tests.fakes.openai_server import FakeOpenAI, slow, text
+from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
 from tests.runtime_channel import done_coverage, events, final_replies, inbound_users, until
 from tests.serve_process import free_port
 
@@ -245,3 +245,19 @@ async def test_chat_killed_mid_turn_answers_once_on_next_start(env, tmp_path, fa
         ]
         assert (await done_coverage(tape, [users[0].id])) == {users[0].id: 1}
         assert len(await events(tape, "reply.sent")) == 1
+
+
+async def test_chat_asks_y_n_for_an_approval(env, tmp_path, fake) -> None:
+    env["BUB_APPROVE"] = "schedule.add=ask"
+    call = ("schedule_add", {"prompt": "stretch", "in_seconds": 600})
+    fake.script(tool_calls([call]), text("Scheduled."), tool_calls([call]), text("Skipped."))
+    code, out, err = await bub(
+        "chat", env=env, cwd=tmp_path, stdin=b"remind me\ny\nonce more\nn\n/schedules\n"
+    )
+    assert code == 0, err
+    assert out.count("Approval needed") == 2
+    assert "Approved by you" in out and "Denied by you" in out
+    assert "Scheduled." in out and "Skipped." in out
+    tools = [m["content"] for m in fake.answered[-1]["messages"] if m["role"] == "tool"]
+    assert "stretch" in tools[0] and tools[-1] == "error: denied by you; the call did not run."
+    assert out.count("stretch") >= 3  # two requests and the one job /schedules lists
