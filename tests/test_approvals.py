@@ -271,3 +271,25 @@ async def test_allowed_and_denied_calls_need_no_click(
     await idle(runtime, "test:a")
     assert runs == [] and channel.asked == []
     assert "not allowed here" in tool_texts(fake_openai)[0]
+
+
+async def test_reset_cancels_a_waiting_request(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(
+        ButtonChannel(), registry, approve="bash=ask", approval_timeout_seconds=0.05
+    )
+    request = await asked_once(runtime, channel, fake_openai)
+    await channel.say("/reset")
+    await channel.wait_sent("a", 2)
+    await channel.say("hello again")  # not held: the request went with the reset
+    await channel.wait_sent("a", 3)
+    await idle(runtime, "test:a")
+    assert channel.texts("a")[-1] == "done"  # the model's next (scripted) answer
+    last = fake_openai.completion_requests()[-1].body["messages"]
+    assert [m["content"] for m in last if m["role"] == "user"] == ["hello again"]
+    calls = len(fake_openai.completion_requests())
+    await asyncio.sleep(0.1)
+    await runtime.timer.fire_due()  # the expiry finds no request: no model call, no message
+    await idle(runtime, "test:a")
+    assert len(fake_openai.completion_requests()) == calls and len(channel.texts("a")) == 3
+    assert await click(runtime, request, "approve") == "unknown" and runs == []
