@@ -111,3 +111,25 @@ async def test_press_deny(start_bot: StartBot, slack: FakeSlack, fake_openai) ->
     tool = [m for m in fake_openai.last_messages() if m["role"] == "tool"]
     assert tool[0]["content"] == "error: denied by u1; the call did not run."
     assert "Denied by u1" in slack.messages[("C1", message["ts"])]["text"]
+
+
+async def test_press_over_socket_mode(start_bot: StartBot, slack: FakeSlack, fake_openai) -> None:
+    bot = await start_bot(slack_app_token=slack.app_token, slack_signing_secret=None)
+    runs = counting(bot)
+    await slack.wait_connected()
+    fake_openai.script(tool_calls([("bash", {"command": "make deploy"})]), text("deployed"))
+    ts = slack.next_ts()
+    await slack.wait_for_ack(await slack.socket_send_event(app_mention("C1", "U1", "go", ts)))
+    await bot.idle(sid("C1", ts))
+    [posted] = [p for p in slack.posts_in("C1", ts) if p.get("blocks")]
+    message = slack.messages[("C1", posted["ts"])]
+    payload = json.loads(press(message, "approve", "U1")["payload"])
+    forged = json.loads(press(message, "approve", "U1", value="0" * 12 + ":" + "0" * 16)["payload"])
+    await slack.wait_for_ack(await slack.socket_send_interactive(forged))  # an ignored ack
+    assert runs == []
+    envelope = await slack.socket_send_interactive(payload)
+    await slack.wait_for_ack(envelope)
+    # Acknowledged only once stored: the decision is on the tape by now.
+    assert len(await events(bot.tape(sid("C1", ts)), "approval.decision")) == 1
+    await until(lambda: [p["text"] for p in slack.posts_in("C1", ts)][-1] == "deployed")
+    assert runs == ["make deploy"]

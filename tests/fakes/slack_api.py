@@ -541,6 +541,16 @@ class FakeSlack:
         }
         return await self._send_envelope(envelope)
 
+    async def socket_send_interactive(self, payload: Params) -> str:
+        """Send an ``interactive`` envelope (a button press's ``block_actions``)."""
+        envelope = {
+            "envelope_id": str(uuid.uuid4()),
+            "payload": payload,
+            "type": "interactive",
+            "accepts_response_payload": False,
+        }
+        return await self._send_envelope(envelope)
+
     async def socket_disconnect(self, reason: str = "refresh_requested") -> None:
         """Politely ask connected clients to reconnect (Slack's ``disconnect`` message)."""
         for ws in list(self._sockets):
