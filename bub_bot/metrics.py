@@ -95,6 +95,12 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 30, 300, 3600),
             registry=r,
         )
+        self.approvals = Counter(
+            "bub_approvals",
+            "Approval requests by outcome (requested; approve, deny, expired: settled)",
+            ["outcome"],
+            registry=r,
+        )
         self.last_inbound = Gauge(
             "bub_seconds_since_last_inbound",
             "Seconds since the last inbound message",
@@ -139,6 +145,8 @@ class Metrics:
             self.spills.labels("ok" if data.get("ok") else "failed").inc()
         elif event == "auto_handoff":
             self.auto_handoffs.inc()
+        elif event == "approval":
+            self.approvals.labels(data.get("outcome", "")).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

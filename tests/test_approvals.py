@@ -293,3 +293,16 @@ async def test_reset_cancels_a_waiting_request(make_runtime, fake_openai: FakeOp
     await idle(runtime, "test:a")
     assert len(fake_openai.completion_requests()) == calls and len(channel.texts("a")) == 3
     assert await click(runtime, request, "approve") == "unknown" and runs == []
+
+
+def test_request_describes_what_will_run() -> None:
+    from bub_bot.approvals.requests import describe_call
+
+    assert describe_call("bash", '{"command": "make deploy"}') == "bash: $ make deploy"
+    body = json.dumps({"path": "src/app.py", "content": "x = 1\n" * 40})
+    assert (
+        describe_call("fs.write", body) == "fs.write src/app.py (content: 40 lines, 240 characters)"
+    )
+    edit = json.dumps({"path": "a.txt", "old_text": "a\nb\n", "new_text": "c\n"})
+    assert describe_call("fs.edit", edit) == "fs.edit a.txt (-2 +1 lines)"
+    assert describe_call("mcp.gh.create", '{"title": "x"}') == 'mcp.gh.create {"title": "x"}'

@@ -65,16 +65,54 @@ def request_text(data: dict[str, Any]) -> str:
         "Approval needed: I want to run" + (":" if len(asked) == 1 else f" {len(asked)} calls:")
     ]
     for call in asked:
-        args = call["arguments"]
-        if len(args) > ARG_PREVIEW:
-            args = args[:ARG_PREVIEW] + f"… ({len(call['arguments'])} characters)"
-        lines.append(f"• {call['tool']} {args}")
+        lines.append(f"• {describe_call(call['tool'], call['arguments'])}")
     lines.append(
         f"Who may decide: {data.get('approvers', 'the person who asked')}."
         f" Expires {data['expires_at']} UTC."
     )
     lines.append(f"Reply /approve {data['id']} or /deny {data['id']}.")
     return "\n".join(lines)
+
+
+def _lines(text: str) -> int:
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def describe_call(tool: str, arguments: str) -> str:
+    """What will run, for a person: the command of `bash`, the file and a size or diff
+    summary for writes and edits, else the tool and its arguments (cut)."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        args = None
+    if not isinstance(args, dict):
+        cut = arguments if len(arguments) <= ARG_PREVIEW else arguments[:ARG_PREVIEW] + "…"
+        return f"{tool} {cut}"
+    command = args.get("command")
+    if tool == "bash" and isinstance(command, str):
+        shown = command if len(command) <= ARG_PREVIEW else command[:ARG_PREVIEW] + "…"
+        return f"bash: $ {shown}"
+    path = args.get("path")
+    if isinstance(path, str):
+        parts = [f"{tool} {path}"]
+        removed = sum(
+            _lines(v) for k, v in args.items() if k.startswith("old") and isinstance(v, str)
+        )
+        added = sum(
+            _lines(v) for k, v in args.items() if k.startswith("new") and isinstance(v, str)
+        )
+        if removed or added:
+            parts.append(f"(-{removed} +{added} lines)")
+        for key, value in args.items():
+            if key == "path" or key.startswith(("old", "new")):
+                continue
+            if isinstance(value, str) and len(value) > 80:
+                parts.append(f"({key}: {_lines(value)} lines, {len(value)} characters)")
+            else:
+                parts.append(f"{key}={json.dumps(value, ensure_ascii=False)[:80]}")
+        return " ".join(parts)
+    cut = arguments if len(arguments) <= ARG_PREVIEW else arguments[:ARG_PREVIEW] + "…"
+    return f"{tool} {cut}"
 
 
 def settled_text(decision: str, by: str, at: str) -> str:

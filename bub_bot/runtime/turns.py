@@ -13,7 +13,7 @@ from collections.abc import Callable
 from channels.base import Approvals, Channel
 
 from ..agent import Agent, Origin, Progress
-from ..approvals.requests import REQUEST, OpenRequest, is_decision, open_requests, settled_text
+from ..approvals.requests import OpenRequest, is_decision, open_requests, settled_text
 from ..config import Settings
 from ..tape import TapeEntry, TapeStore
 from .delivery import Delivery
@@ -126,8 +126,6 @@ class TurnRunner:
                 through = head_through([e for e in items if is_pending(e)])
                 await self.delivery.mark_done(session, through)
                 return
-            if reply.kind == "event" and reply.payload.get("name") == REQUEST:
-                self._emit("approval", channel=channel_name, outcome="requested")
             pending_now = [e for e in items if is_pending(e) and e.id < reply.id]
             through = covered(pending_now, reply, seen)
             source = next((e for e in reversed(pending_now) if e.id <= through), messages[-1])
