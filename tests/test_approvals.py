@@ -190,9 +190,9 @@ async def test_expiry_and_a_click_after_it(make_runtime, fake_openai: FakeOpenAI
     )
     request = await asked_once(runtime, channel, fake_openai)
     await asyncio.sleep(0.1)
-    assert await click(runtime, request, "approve") == "expired"
+    assert await click(runtime, request, "approve") == "expired"  # stores the expiry
     fired = await runtime.timer.fire_due()
-    assert [f.entry is not None for f in fired] == [True]
+    assert [f.entry for f in fired] == [None]  # the job's decision shares the key: a duplicate
     await channel.wait_sent("a", 2)
     await idle(runtime, "test:a")
     assert runs == []
@@ -258,6 +258,22 @@ async def test_a_run_interrupted_by_a_crash_is_not_repeated(
     assert runs == []
     assert "restarted while this call was running" in tool_texts(fake_openai)[0]
     assert len(await events(tape, "approval.closed")) == 1
+
+
+async def test_expiry_job_settles_without_a_click(make_runtime, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(
+        ButtonChannel(), registry, approve="bash=ask", approval_timeout_seconds=0.05
+    )
+    request = await asked_once(runtime, channel, fake_openai)
+    await asyncio.sleep(0.1)
+    fired = await runtime.timer.fire_due()
+    assert [f.entry is not None for f in fired] == [True]
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert runs == [] and "not approved in time" in tool_texts(fake_openai)[0]
+    assert "Not approved in time" in channel.settled[0][1]
+    assert await click(runtime, request, "approve") == "already"
 
 
 async def test_allowed_and_denied_calls_need_no_click(

@@ -20,7 +20,7 @@ from channels.base import (
 
 from ..agent import Agent, Origin
 from ..approvals.expiry import KIND, decision_entry, expiry_job_id
-from ..approvals.requests import APPROVE, DENY_, decision_key, find_request, open_requests
+from ..approvals.requests import APPROVE, DENY_, EXPIRED, decision_key, find_request, open_requests
 from ..commands import strip_mention
 from ..tape import Tape, TapeStore
 from ..tape.jobs import Job
@@ -99,8 +99,7 @@ class ApprovalDesk:
             )
             return CLICK_NOT_ALLOWED
         now = self.clock()
-        if now >= float(data.get("expires", 0)):
-            return CLICK_EXPIRED  # the expiry job stores the decision (same key)
+        expired = now >= float(data.get("expires", 0))
         entry = decision_entry(
             click.request_id,
             click.decision,
@@ -112,6 +111,23 @@ class ApprovalDesk:
             via="approval",
         )
         keys = [decision_key(click.request_id)]
+        if expired:
+            # Stored here too (the same key as the expiry job's: one wins), so a request
+            # expires even where no timer runs (`bub-bot chat`) or the job is late.
+            by_timeout = decision_entry(
+                click.request_id,
+                EXPIRED,
+                by={"id": "", "name": "timeout"},
+                at=float(data["expires"]),
+                digest=click.digest,
+                channel=click.channel,
+                reply_target=dict(data.get("reply_target") or {}),
+                via="approval.expiry",
+            )
+            await self.ingress.enter(
+                Arrival(click.session_id, None, click.channel, by_timeout, tuple(keys))
+            )
+            return CLICK_EXPIRED
         if click.key:
             keys.append(f"{click.channel}:{click.key}")
         received = await self.ingress.enter(
