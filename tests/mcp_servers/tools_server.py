@@ -17,7 +17,7 @@ import sys
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent
+from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent, ToolAnnotations
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
@@ -39,7 +39,8 @@ def big_text(size: int) -> str:
 def build(name: str = "tools") -> MCPServer:
     server = MCPServer(name, log_level="WARNING")
 
-    @server.tool()
+    # Annotated (MCP `ToolAnnotations`): read-only tools need no approval (README "Approvals").
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def echo(text: str) -> str:
         """Echo the text back."""
         return text

@@ -263,8 +263,8 @@ class McpConnection:
                         tool.name,
                         (tool.description or "").strip(),
                         tool.input_schema,
-                        getattr(hints, "readOnlyHint", None),
-                        getattr(hints, "destructiveHint", None),
+                        _hint(hints, "read_only_hint", "readOnlyHint"),
+                        _hint(hints, "destructive_hint", "destructiveHint"),
                     )
                 )
             cursor = page.next_cursor
@@ -354,3 +354,13 @@ class McpConnection:
             if tail:
                 text += f"; {tail}"
         return self.scrub(text)
+
+
+def _hint(annotations: Any, *names: str) -> bool | None:
+    """An MCP tool annotation (`readOnlyHint`, …) as the SDK spells it; None when absent or
+    not a boolean (the server's word only counts when it is clear)."""
+    for name in names:
+        value = getattr(annotations, name, None)
+        if isinstance(value, bool):
+            return value
+    return None
