@@ -322,3 +322,26 @@ def test_request_describes_what_will_run() -> None:
     edit = json.dumps({"path": "a.txt", "old_text": "a\nb\n", "new_text": "c\n"})
     assert describe_call("fs.edit", edit) == "fs.edit a.txt (-2 +1 lines)"
     assert describe_call("mcp.gh.create", '{"title": "x"}') == 'mcp.gh.create {"title": "x"}'
+
+
+async def test_web_fetch_runs_once_after_approval(make_runtime, fake_openai: FakeOpenAI) -> None:
+    from tests.fakes.web_site import FakeSite
+
+    async with FakeSite("127.0.0.1") as site:
+        site.page("/page", "<h1>Release notes</h1><p>all good</p>")
+        registry, _ = counting_registry()
+        runtime, channel = make_runtime(
+            ButtonChannel(), registry, approve="web=ask", fetch_allow="127.0.0.1:*"
+        )
+        fake_openai.script(tool_calls([("web_fetch", {"url": site.url("/page")})]), text("read it"))
+        await channel.say("read the notes")
+        await until(lambda: len(channel.asked) == 1)
+        await idle(runtime, "test:a")
+        assert site.paths() == []  # nothing fetched before the click
+        request = channel.asked[0]
+        assert await click(runtime, request, "approve") == "approve"
+        assert await click(runtime, request, "approve") == "already"
+        await channel.wait_sent("a", 2)
+        await idle(runtime, "test:a")
+        assert site.paths() == ["/page"]  # once
+        assert "Release notes" in tool_texts(fake_openai)[0]
