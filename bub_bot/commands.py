@@ -174,4 +174,5 @@ def skills_text(found: Catalog, offered: bool = True) -> str:
 
 def help_text() -> str:
     """The /help reply."""
-    return "Commands:\n" + "\n".join(USAGE.values())
+    approvals = "/approve [id], /deny [id] — decide a waiting approval request (or its buttons)"
+    return "Commands:\n" + "\n".join([*USAGE.values(), approvals])
