@@ -11,7 +11,15 @@ from pathlib import Path
 from bub_bot.tape import Tape, open_store
 from tests.fakes.openai_server import FakeOpenAI, text, tool_calls
 from tests.fakes.telegram_api import FakeTelegram
-from tests.test_replicas import _update_ids, message, replicas, tg, wait_until, webhook
+from tests.test_replicas import (
+    _update_ids,
+    answered_on_the_tape,
+    message,
+    replicas,
+    tg,
+    wait_until,
+    webhook,
+)
 
 __all__ = ["replicas", "tg"]  # the fixtures
 USER = 201
@@ -31,6 +39,7 @@ async def test_request_by_a_killed_replica_approved_through_another(
     [request] = tg.sent_to(USER)
     approve = request["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
 
+    await answered_on_the_tape(a, f"telegram:{USER}")  # its delivery is recorded
     a.signal(signal.SIGKILL)  # while the request waits
     assert await a.wait() == -signal.SIGKILL
 

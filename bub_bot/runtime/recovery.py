@@ -9,7 +9,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
-from ..approvals.requests import is_decision
+from ..approvals.requests import REQUEST, is_decision
 from ..config import Settings
 from ..tape import TapeEntry
 from .delivery import Delivery
@@ -43,6 +43,11 @@ class Recovery:
         reply = replies[-1]
         pending = [e for e in items if is_pending(e) and e.id < reply.id]
         through = max(covered(pending, reply), session.cursor or 0)
+        if _decided_request(reply, items):
+            # A crash after the request was posted, before that was recorded, and someone
+            # pressed its buttons since: posting it again would only show stale buttons.
+            await self.delivery.mark_done(session, through, reply=reply.id, decided=True)
+            return True
         source = next((e for e in reversed(pending) if e.id <= through), None)
         if source is None and "reply_target" in reply.meta:
             source = reply  # a reply that carries its own target (the /reset reply)
@@ -106,3 +111,11 @@ class Recovery:
             # Even the note could not go out (e.g. the channel cannot format it): still done.
             log.exception("reply.failed session=%s entry=%d", session.id, written[-1].id)
             await self.delivery.mark_done(session, through, reply=written[-1].id, failed=True)
+
+
+def _decided_request(reply: TapeEntry, items: list[TapeEntry]) -> bool:
+    """`reply` is an approval request that a stored decision already answers."""
+    if reply.kind != "event" or reply.payload.get("name") != REQUEST:
+        return False
+    rid = reply.payload["data"].get("id")
+    return any(is_decision(e) and e.payload["data"].get("request") == rid for e in items)
