@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from .entries import PayloadError, TapeEntry, dumps, safe_text, utc_now
+from .forks import ForkPoint, Merged
 from .jobs import Decide, Fired, Firing, Job
 from .leases import Leases, LocalLeases
 from .names import archive_name
@@ -191,6 +193,28 @@ class TapeStore(Protocol):
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
+
+    # -- forks (tape/forks.py) -----------------------------------------------------------------
+    async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
+        """Fork `tape` (and its sidecars) at its last id, one transaction: the fork
+        `<tape>__fork__<tag>` (a fresh tag when none) reads the tape up to there plus its own
+        entries (`ForkTape`), and writes only to itself."""
+
+    async def fork_point(self, name: str) -> ForkPoint | None:
+        """The stored fork `name` (None: not a fork, or merged or discarded)."""
+
+    async def forks(self, tape: str) -> list[str]:
+        """The live forks of `tape`, oldest first."""
+
+    async def merge(self, name: str) -> Merged:
+        """Append fork `name`'s entries to its parent after the parent's last id (kind,
+        payload, meta, date kept), its sidecars' to the parent's sidecars, a `fork.merge` and
+        a `sidecar.merge` event per sidecar (context=False) on the parent, and drop the fork:
+        one transaction. ForkError when `name` is not a live fork."""
+
+    async def discard(self, name: str, *, archive: bool = False) -> str | None:
+        """Drop fork `name` and its sidecars (or move them under an archive name, returned);
+        None when there was no such fork."""
 
     # -- jobs: durable timers (tape/jobs.py) ---------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
@@ -463,6 +487,11 @@ def firing_append(job: Job, firing: Firing) -> Append | None:
     except PayloadError as exc:
         log.error("job.unstorable job=%s session=%s: %s", job.id, job.session_id, exc)
         return None
+
+
+def new_tag() -> str:
+    """A fresh fork tag."""
+    return uuid.uuid4().hex[:12]
 
 
 def with_ids(entries: Sequence[TapeEntry], ids: Sequence[int]) -> list[TapeEntry]:

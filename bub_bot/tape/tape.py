@@ -147,7 +147,7 @@ class Tape:
 
     async def anchors(self, limit: int = 20) -> list[TapeEntry]:
         """The newest anchors, oldest first."""
-        found = await self.store.query(self.name, kinds=["anchor"], limit=limit, newest_first=True)
+        found = await self.query(kinds=["anchor"], limit=limit, newest_first=True)
         return found[::-1]
 
     async def info(self) -> TapeInfo:
@@ -157,9 +157,7 @@ class Tape:
         if stats.last_anchor_id:
             anchor = await self.store.get(self.name, stats.last_anchor_id)
             last_anchor = anchor.payload.get("name") if anchor else None
-        runs = await self.store.query(
-            self.name, kinds=["event"], names=["run"], limit=1, newest_first=True
-        )
+        runs = await self.query(kinds=["event"], names=["run"], limit=1, newest_first=True)
         usage = runs[0].payload.get("data", {}).get("usage") if runs else None
         return TapeInfo(
             name=self.name,
@@ -174,7 +172,7 @@ class Tape:
         """The entries of a view (default: after the last anchor), `context=False` removed."""
         if not view:
             view = {"after_last_anchor": True}
-        return visible(await self.store.query(self.name, **view))
+        return visible(await self.query(**view))
 
     async def read_messages(
         self, selector: Selector = default_selector, **view: Any
