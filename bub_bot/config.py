@@ -149,6 +149,19 @@ class Settings(BaseSettings):
     """A job that fires later than this after its time (the bot was down) says it is late."""
     schedule_drop_seconds: float = Field(default=86400.0, ge=0)
     """A job later than this is not run; the conversation gets a note instead (0: never)."""
+    # subagents (bub_bot/agent/subagent.py, bub_bot/runtime/subagents.py)
+    subagent_max_depth: int = Field(default=2, ge=0, le=5)
+    """How deep subagents may nest (a conversation's turn is depth 0; 0: no subagents)."""
+    subagent_max_concurrent: int = Field(default=4, ge=1, le=64)
+    """Subagents running at once per conversation (background ones included)."""
+    subagent_max_steps: int = Field(default=8, ge=1, le=100)
+    """Model steps of one subagent run."""
+    subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    """The most one subagent run may take; past it, it stops and says so."""
+    subagent_models: CsvList = Field(default_factory=list)
+    """Models a subagent may be asked to use besides BUB_MODEL (empty: only BUB_MODEL)."""
+    context_selector: str | None = None
+    """`module:function` turning entries into model messages instead of the default."""
     # streaming replies: the answer appears while the model writes it
     stream: bool = True
     stream_interval_ms: int | None = Field(default=None, ge=0, le=60_000)
@@ -228,6 +241,7 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "subagent_models",
         mode="before",
     )
     @classmethod

@@ -3,6 +3,7 @@ writes only to itself (the stored side: tape/forks.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .entries import TapeEntry
@@ -45,6 +46,13 @@ class ForkTape(Tape):
         return ForkTape(
             self.store, ForkPoint(own, sidecar_name(self.parent, name), base, self.session_id)
         )
+
+    async def append_many(
+        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+    ) -> list[TapeEntry]:
+        """Append to the fork only; never a bootstrap anchor (the parent's start is read
+        through the fork point, and a new anchor here would hide it)."""
+        return await super().append_many(entries)
 
     async def merge(self) -> Merged:
         """Append this fork's entries (and its sidecars') to the parent; the fork is gone."""
