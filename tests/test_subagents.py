@@ -42,7 +42,7 @@ async def test_temp_child_sees_only_its_prompt_and_parent_gets_its_answer(
     )
     result = await made.run_turn(tape, [USER], turn_id="t1")
     assert result.reply == "Here you go: llamas are camelids."
-    parent_first, child, parent_next = fake_openai.completion_requests()
+    _, child, parent_next = fake_openai.completion_requests()
     assert [m["role"] for m in child.body["messages"]] == ["system", "user"]
     assert child.body["messages"][1]["content"] == "summarise llamas"
     assert "please research llamas" not in json.dumps(child.body["messages"])

@@ -204,12 +204,18 @@ class Subagents:
 
     # -- running -------------------------------------------------------------------------------
     async def run(
-        self, store: TapeStore, call: SubagentCall, *, restarted: bool = False
+        self,
+        store: TapeStore,
+        call: SubagentCall,
+        *,
+        restarted: bool = False,
+        seconds: float | None = None,
     ) -> SubagentOutcome:
-        """Run `call` to its end (its deadline included); never raises for the child's
-        failure. `restarted`: an interrupted run of it is set aside (archived) first."""
+        """Run `call` to its end (its deadline: `seconds`, default BUB_SUBAGENT_TIMEOUT_SECONDS);
+        never raises for the child's failure. `restarted`: an interrupted run of it is set
+        aside (archived) first."""
         with self.hold(call.origin.get("session_id") or call.parent_session):
-            return await self._run(store, call, restarted)
+            return await self._run(store, call, restarted, seconds)
 
     @contextlib.contextmanager
     def hold(self, conversation: str) -> Iterator[int]:
@@ -224,7 +230,9 @@ class Subagents:
             if self.active[conversation] <= 0:
                 del self.active[conversation]
 
-    async def _run(self, store: TapeStore, call: SubagentCall, restarted: bool) -> SubagentOutcome:
+    async def _run(
+        self, store: TapeStore, call: SubagentCall, restarted: bool, seconds: float | None = None
+    ) -> SubagentOutcome:
         workspace = Path(call.workspace)
         if call.session == TEMP:
             tape = Tape.for_session(store, call.tape_session, workspace)
@@ -248,7 +256,8 @@ class Subagents:
         )
         written = await tape.append_many([prompt], bootstrap=True)
         origin = call.origin
-        seconds = self.settings.subagent_timeout_seconds
+        limit = self.settings.subagent_timeout_seconds
+        seconds = limit if seconds is None else min(seconds, limit)
         log.info(
             "subagent.start session=%s id=%s mode=%s depth=%d",
             call.parent_session,
@@ -279,6 +288,11 @@ class Subagents:
             status, text, usage = result.status, result.reply, result.usage
         except TimeoutError:
             status, text, usage = "timeout", f"it did not finish within {seconds:g} s", {}
+        except asyncio.CancelledError:
+            # Stopped (or the bot is shutting down): its tape is set aside, not merged.
+            with contextlib.suppress(Exception):
+                await self._finish(store, call, tape, False)
+            raise
         except Exception as exc:
             log.exception("subagent.failed session=%s id=%s", call.parent_session, call.id)
             status, text, usage = "error", f"{type(exc).__name__}: {exc}", {}
