@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .mcp_config import load_mcp_config
 from .netguard import Allowance
 from .schedules.times import zone_named
+from .tape.context import load_selector
 from .tape.urls import parse_database_url
 from .workspaces import load_workspace_map
 
@@ -308,6 +309,11 @@ class Settings(BaseSettings):
 
         `web_may_lack_model`: `serve` with the web chat as its only channel starts without a
         model (the page tells a newcomer what to set)."""
+        if self.context_selector:
+            try:
+                load_selector(self.context_selector)
+            except ValueError as exc:
+                raise ConfigError(f"BUB_CONTEXT_SELECTOR: {exc}") from None
         try:
             parse_database_url(self.database)
         except ValueError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
-from ..tape.context import Selector
+from ..tape.context import Selector, load_selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
@@ -56,6 +56,12 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.selector: Selector = (
+            load_selector(settings.context_selector)
+            if settings.context_selector
+            else default_selector
+        )
+        """Entries -> messages for every model call (BUB_CONTEXT_SELECTOR, else the default)."""
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
@@ -73,7 +79,7 @@ class Agent:
         new_messages: Sequence[dict[str, Any]] = (),
         *,
         workspace: Path | None = None,
-        selector: Selector = default_selector,
+        selector: Selector | None = None,
         entry_filter: EntryFilter | None = None,
         before_step: Callable[[int], Awaitable[None]] | None = None,
         turn_id: str = "",
@@ -104,6 +110,7 @@ class Agent:
         is charged to).
         """
         workspace = workspace or self.settings.workspace
+        selector = selector or self.selector
         started_turn = time.perf_counter()
         first = [TapeEntry.message(m) for m in new_messages]
         start: dict[str, Any] = {"turn": turn_id}
