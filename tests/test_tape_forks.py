@@ -201,3 +201,15 @@ async def test_fork_survives_reopening(store_url, tmp_path) -> None:
         assert contents(await again.query()) == ["p1", "c1"]
         await again.append(msg("c2"))
         assert [e.id for e in await again.query()] == [1, 2, 3]
+
+
+async def test_discard_whole_archives_a_live_tape_without_a_fresh_one(store) -> None:
+    tape = Tape(store, "temp", "s1/temp/x")
+    await tape.append(msg("work"))
+    await tape.sidecar("spill").append(msg("chunk"))
+    assert await store.discard("temp", archive=True) is None  # not a fork: refused
+    archived = await store.discard("temp", archive=True, whole=True)
+    assert archived and contents(await store.query(archived)) == ["work"]
+    assert contents(await store.query(sidecar_name(archived, "spill"))) == ["chunk"]
+    names = {t.name for t in await store.list_tapes(include_all=True)}
+    assert "temp" not in names and sidecar_name("temp", "spill") not in names

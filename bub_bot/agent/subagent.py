@@ -236,8 +236,8 @@ class Subagents:
         workspace = Path(call.workspace)
         if call.session == TEMP:
             tape = Tape.for_session(store, call.tape_session, workspace)
-            if restarted and (await store.stats(tape.name)).entries:
-                await store.archive(tape.name)
+            if restarted:
+                await store.discard(tape.name, archive=True, whole=True)
         else:
             home = Tape(store, call.parent_tape, call.parent_session)
             if call.session != INHERIT:
@@ -309,7 +309,8 @@ class Subagents:
     async def _finish(self, store: TapeStore, call: SubagentCall, tape: Tape, ok: bool) -> str:
         """Put the child's tape where it belongs now; returns where that is."""
         if call.session == TEMP:
-            return await store.archive(tape.name)
+            archived = await store.discard(tape.name, archive=True, whole=True)
+            return archived or tape.name
         if call.session != INHERIT and ok:
             merged = await store.merge(tape.name)
             return merged.parent

@@ -253,11 +253,11 @@ class PostgresTapeStore(StoreBase):
         assert merged is not None
         return merged
 
-    async def discard(self, name: str, *, archive: bool = False) -> str | None:
-        """Drop the fork (or archive it); returns the archive name (None without `archive`,
-        or when there was no such fork)."""
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop the fork (`whole`: or live tape; or archive it); returns the archive name
+        (None without `archive`, or when there was no such tape)."""
         archived = archive_name(name) if archive else None
-        found = await self._write(postgres_forks.discard, name, archived, utc_now())
+        found = await self._write(postgres_forks.discard, name, archived, utc_now(), whole)
         return archived if found else None
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:

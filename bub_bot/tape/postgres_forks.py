@@ -139,10 +139,15 @@ async def merge(conn: asyncpg.Connection, name: str, now: str) -> Merged:
     return merged
 
 
-async def discard(conn: asyncpg.Connection, name: str, archived: str | None, now: str) -> bool:
-    """Drop fork `name` and its sidecars, or move them under `archived`; False: no such fork."""
+async def discard(
+    conn: asyncpg.Connection, name: str, archived: str | None, now: str, whole: bool = False
+) -> bool:
+    """Drop fork `name` (`whole`: or live tape) and its sidecars, or move them under
+    `archived`; False: no such tape."""
     row = await conn.fetchrow(
-        "SELECT id FROM bub_tapes WHERE name = $1 AND role = 'fork' FOR UPDATE", name
+        "SELECT id FROM bub_tapes WHERE name = $1 AND role = ANY($2::text[]) FOR UPDATE",
+        name,
+        ["fork", "live"] if whole else ["fork"],
     )
     if row is None:
         return False

@@ -150,11 +150,11 @@ class SQLiteTapeStore(StoreBase):
         """Append the fork's entries (and its sidecars') to its parent; drop the fork."""
         return await self._run(sqlite_forks.merge, name, utc_now())
 
-    async def discard(self, name: str, *, archive: bool = False) -> str | None:
-        """Drop the fork (or archive it); returns the archive name (None without `archive`,
-        or when there was no such fork)."""
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop the fork (`whole`: or live tape; or archive it); returns the archive name
+        (None without `archive`, or when there was no such tape)."""
         archived = archive_name(name) if archive else None
-        found = await self._run(sqlite_forks.discard, name, archived, utc_now())
+        found = await self._run(sqlite_forks.discard, name, archived, utc_now(), whole)
         return archived if found else None
 
     # -- jobs ---------------------------------------------------------------------------------

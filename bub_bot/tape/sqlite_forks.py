@@ -156,13 +156,21 @@ def _merge(conn: sqlite3.Connection, name: str, now: str) -> Merged:
     return merged
 
 
-def discard(conn: sqlite3.Connection, name: str, archived: str | None, now: str) -> bool:
-    """Drop fork `name` and its sidecars, or move them under `archived`; False: no such fork."""
-    return _transaction(conn, _discard, name, archived, now)
+def discard(
+    conn: sqlite3.Connection, name: str, archived: str | None, now: str, whole: bool = False
+) -> bool:
+    """Drop fork `name` (`whole`: or live tape) and its sidecars, or move them under
+    `archived`; False: no such tape."""
+    return _transaction(conn, _discard, name, archived, now, whole)
 
 
-def _discard(conn: sqlite3.Connection, name: str, archived: str | None, now: str) -> bool:
-    row = conn.execute("SELECT id FROM tapes WHERE name = ? AND role = 'fork'", (name,)).fetchone()
+def _discard(
+    conn: sqlite3.Connection, name: str, archived: str | None, now: str, whole: bool
+) -> bool:
+    roles = "('fork', 'live')" if whole else "('fork')"
+    row = conn.execute(
+        f"SELECT id FROM tapes WHERE name = ? AND role IN {roles}", (name,)
+    ).fetchone()
     if row is None:
         return False
     for row_id, tape in [(row[0], name), *((r[0], r[1]) for r in _sidecars(conn, name))]:

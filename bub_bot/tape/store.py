@@ -212,9 +212,10 @@ class TapeStore(Protocol):
         a `sidecar.merge` event per sidecar (context=False) on the parent, and drop the fork:
         one transaction. ForkError when `name` is not a live fork."""
 
-    async def discard(self, name: str, *, archive: bool = False) -> str | None:
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
         """Drop fork `name` and its sidecars (or move them under an archive name, returned);
-        None when there was no such fork."""
+        None when there was no such fork. `whole`: also a live tape (a temp subagent's,
+        whose tape ends with its run: archived without a fresh tape left behind)."""
 
     # -- jobs: durable timers (tape/jobs.py) ---------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
