@@ -213,3 +213,21 @@ async def test_discard_whole_archives_a_live_tape_without_a_fresh_one(store) -> 
     assert contents(await store.query(sidecar_name(archived, "spill"))) == ["chunk"]
     names = {t.name for t in await store.list_tapes(include_all=True)}
     assert "temp" not in names and sidecar_name("temp", "spill") not in names
+
+
+async def test_tapes_copy_carries_archived_forks(store, tmp_path) -> None:
+    from bub_bot.tape import open_store
+    from bub_bot.tape.copy import copy_tapes
+
+    tape = Tape(store, "t", "s1")
+    await tape.append_many([msg("p1"), msg("p2")])
+    child = await fork(tape)
+    await child.append_many([msg("c1"), msg("c2")])
+    archived = await child.discard(archive=True)
+    async with open_store(f"sqlite:///{tmp_path / 'copy.db'}") as other:
+        report = await copy_tapes(store, other)
+        assert report.failed == []
+        assert [e.id for e in await other.query(archived)] == [3, 4]
+        assert (await other.stats(archived)).entries == 4
+        again = await copy_tapes(store, other)
+        assert again.failed == [] and again.entries == 0

@@ -49,6 +49,7 @@ from .store import (
     check_copy_ids,
     entry_row,
     firing_append,
+    fork_base,
     is_inbound,
     new_tag,
     row_entry,
@@ -533,6 +534,12 @@ async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
 
 async def _append_copies(conn: asyncpg.Connection, w: Copies) -> None:
     tape_id, last = await _lock_tape(conn, w.tape, w.session_id, w.updated)
+    if last == 0 and fork_base(w.tape, w.entries):
+        # A fork's own entries go on from its fork point (tape/forks.py).
+        last = fork_base(w.tape, w.entries)
+        await conn.execute(
+            "UPDATE bub_tapes SET base = $2, last_id = $2 WHERE id = $1", tape_id, last
+        )
     check_copy_ids(w.tape, w.entries, last)
     if w.rows:
         await conn.execute(

@@ -33,6 +33,7 @@ from .store import (
     check_copy_ids,
     entry_row,
     firing_append,
+    fork_base,
     is_inbound,
     new_tag,
     row_entry,
@@ -409,7 +410,12 @@ def _append_copies(conn: sqlite3.Connection, w: Copies) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         tape_id = _tape_id(conn, w.tape, w.session_id, w.updated, w.updated)
-        check_copy_ids(w.tape, w.entries, _last_id(conn, tape_id))
+        last = _last_id(conn, tape_id)
+        if last == 0 and fork_base(w.tape, w.entries):
+            # A fork's own entries go on from its fork point (tape/forks.py).
+            last = fork_base(w.tape, w.entries)
+            conn.execute("UPDATE tapes SET base = ? WHERE id = ?", (last, tape_id))
+        check_copy_ids(w.tape, w.entries, last)
         conn.executemany(
             _INSERT, [(tape_id, e.id, *row) for e, row in zip(w.entries, w.rows, strict=True)]
         )

@@ -21,7 +21,7 @@ from .entries import PayloadError, TapeEntry, dumps, safe_text, utc_now
 from .forks import ForkPoint, Merged
 from .jobs import Decide, Fired, Firing, Job
 from .leases import Leases, LocalLeases
-from .names import archive_name
+from .names import FORK_SEP, archive_name
 from .query import QuerySpec
 
 log = logging.getLogger("bub_bot.tape")
@@ -500,6 +500,14 @@ def with_ids(entries: Sequence[TapeEntry], ids: Sequence[int]) -> list[TapeEntry
     return [
         TapeEntry(e.kind, e.payload, e.meta, e.date, i) for e, i in zip(entries, ids, strict=True)
     ]
+
+
+def fork_base(tape: str, entries: Sequence[TapeEntry]) -> int:
+    """Where a copied fork's (or archived fork's) own entries start from: its fork point
+    (0: `tape` is no fork, or the copy does not start it)."""
+    if FORK_SEP not in tape or not entries or entries[0].id is None:
+        return 0
+    return max(entries[0].id - 1, 0)
 
 
 def check_copy_ids(tape: str, entries: Sequence[TapeEntry], last_id: int) -> None:
