@@ -40,6 +40,6 @@ class Router:
                 return server_error(500)
             reply = text("child found 42")
             return slow(reply, self.delays.pop(0)) if self.delays else reply
-        if any(m.get("role") == "tool" for m in messages):
+        if messages and messages[-1].get("role") == "tool":
             return text("started it")
         return tool_calls([("subagent", {"prompt": CHILD_PROMPT, "background": True})])

@@ -123,3 +123,26 @@ async def test_interrupted_run_restarts_on_start_and_reports_once(
         assert await store.jobs(kinds=[KIND]) == []
     finally:
         await second.shutdown(grace=2)
+
+
+async def test_concurrency_counts_background_and_foreground_once(
+    bot, fake_openai: FakeOpenAI
+) -> None:
+    router = Router(child_delays=(30.0, 30.0))
+    fake_openai.default = router
+    runtime, channel = await bot(subagent_max_concurrent=2)
+    await channel.say("go")
+    await channel.wait_sent("a", 1)
+    await channel.say("go again")
+    await channel.wait_sent("a", 2)
+    await until(lambda: router.child_calls == 2)
+    assert len(await runtime.store.jobs(kinds=[KIND])) == 2  # two may run: both started
+    await channel.say("and a third")
+    await channel.wait_sent("a", 3)
+    tape = tape_of(runtime, "test:a")
+    results = [
+        r["content"] for e in await tape.query(kinds=["tool_result"]) for r in e.payload["results"]
+    ]
+    assert results[-1].startswith("error: this conversation runs the most subagents allowed")
+    assert "BUB_SUBAGENT_MAX_CONCURRENT=2" in results[-1]
+    assert len(await runtime.store.jobs(kinds=[KIND])) == 2

@@ -115,7 +115,8 @@ class Background(Protocol):
 
     async def start(self, call: SubagentCall, running_here: int) -> str:
         """Store and start `call`; returns what the tool answers. Raises ToolError when
-        the conversation runs as many as it may (`running_here` run in this process)."""
+        the conversation runs as many as it may (`running_here`: tool calls running now in
+        this process; the background ones are counted from the store)."""
         ...
 
     async def running(self, session_id: str) -> int:
@@ -136,7 +137,8 @@ class Subagents:
         self.settings = agent.settings
         self.background: Background | None = None
         self.active: Counter[str] = Counter()
-        """Subagents running in this process, by conversation (the parent turn's origin)."""
+        """Subagents running in this process as tool calls (not background ones: those are
+        jobs, counted in the store), by conversation (the parent turn's origin)."""
 
     # -- deciding ------------------------------------------------------------------------------
     def call(
@@ -213,9 +215,9 @@ class Subagents:
     ) -> SubagentOutcome:
         """Run `call` to its end (its deadline: `seconds`, default BUB_SUBAGENT_TIMEOUT_SECONDS);
         never raises for the child's failure. `restarted`: an interrupted run of it is set
-        aside (archived) first."""
-        with self.hold(call.origin.get("session_id") or call.parent_session):
-            return await self._run(store, call, restarted, seconds)
+        aside (archived) first. Background runs come here; a tool call counts itself
+        (`hold`) around `_run`."""
+        return await self._run(store, call, restarted, seconds)
 
     @contextlib.contextmanager
     def hold(self, conversation: str) -> Iterator[int]:
