@@ -225,3 +225,18 @@ async def test_timeout_and_model_allowlist(fake_openai, agent, tape) -> None:
     assert "'gpt-9' is not allowed" in results[1] and "BUB_SUBAGENT_MODELS" in results[1]
     assert results[2] == "from other"
     assert requests[-2].body["model"] == "gpt-4o-mini"
+
+
+async def test_each_model_call_is_reported_once_with_its_payer(fake_openai, agent, tape) -> None:
+    from bub_bot.agent import Origin
+
+    made, _ = with_subagents(agent)
+    seen: list[dict[str, Any]] = []
+    made.hooks.append(lambda name, data: seen.append(data) if name == "model_call" else None)
+    fake_openai.script(tool_calls([call("sub task")]), text("child"), text("parent"))
+    origin = Origin(session_id=tape.session_id or "", channel="test", sender={"id": "u7"})
+    await made.run_turn(tape, [USER], turn_id="t1", origin=origin)
+    assert len(seen) == 3 == len(fake_openai.completion_requests())
+    assert [d["subagent"] for d in seen] == [False, True, False]
+    assert all(d["payer"]["sender"] == {"id": "u7"} for d in seen)
+    assert all(d["payer"]["session_id"] == tape.session_id for d in seen)

@@ -18,7 +18,7 @@ from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
-from .tools import Origin, ToolContext, ToolRegistry
+from .tools import Origin, ToolContext, ToolRegistry, payer_of
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,16 @@ class Agent:
             for key, value in reply.usage.items():
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
-            self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
+            self._notify(
+                "model_call",
+                {
+                    "latency_ms": reply.latency_ms,
+                    "usage": reply.usage,
+                    # Whom the call is for: a subagent's is charged to its parent turn's origin.
+                    "payer": payer or payer_of(origin),
+                    "subagent": payer is not None,
+                },
+            )
             run_data: dict[str, Any] = {
                 "model": reply.model,
                 "usage": reply.usage,

@@ -44,7 +44,7 @@ from pydantic import Field
 
 from ..tape import Tape, TapeEntry, TapeStore, fork
 from ..tape.names import fork_name
-from .tools import Origin, ToolContext, ToolError, ToolRegistry
+from .tools import Origin, ToolContext, ToolError, ToolRegistry, payer_of
 
 if TYPE_CHECKING:
     from .loop import Agent
@@ -122,11 +122,6 @@ class Background(Protocol):
     async def running(self, session_id: str) -> int:
         """Background subagents of a conversation not finished yet."""
         ...
-
-
-def payer_of(origin: Origin) -> dict[str, Any]:
-    """The parent turn's origin as a subagent's payer."""
-    return {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
 
 
 class Subagents:

@@ -30,6 +30,11 @@ class Origin:
     via: str = ""
 
 
+def payer_of(origin: Origin) -> dict[str, Any]:
+    """Whom a turn's model use is charged to: its origin's conversation and person."""
+    return {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
+
+
 @dataclass
 class ToolContext:
     """What a tool may touch: the session's tape, its workspace, and deferred tape writes."""
