@@ -134,6 +134,7 @@ async def test_tools_narrow_and_never_widen(fake_openai, agent, tape) -> None:
     made, _ = with_subagents(agent)
     fake_openai.script(
         tool_calls([call("look", tools=["fs.list"])]),
+        tool_calls([("tape_info", {})]),  # not among its tools: refused even by name
         text("looked"),
         tool_calls([call("sneak", tools=["no.such"])]),
         text("fine"),
@@ -141,7 +142,9 @@ async def test_tools_narrow_and_never_widen(fake_openai, agent, tape) -> None:
     await made.run_turn(tape, [USER], turn_id="t1")
     requests = fake_openai.completion_requests()
     assert tool_names(requests[1]) == ["fs_list"]
-    refused = [m for m in requests[3].body["messages"] if m["role"] == "tool"][-1]["content"]
+    hidden = [m for m in requests[2].body["messages"] if m["role"] == "tool"][-1]["content"]
+    assert hidden.startswith("error: unknown tool 'tape_info'") and "fs_list" in hidden
+    refused = [m for m in requests[4].body["messages"] if m["role"] == "tool"][-1]["content"]
     assert "'no.such' is not a tool this conversation may use" in refused
 
 

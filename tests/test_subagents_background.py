@@ -146,3 +146,34 @@ async def test_concurrency_counts_background_and_foreground_once(
     assert results[-1].startswith("error: this conversation runs the most subagents allowed")
     assert "BUB_SUBAGENT_MAX_CONCURRENT=2" in results[-1]
     assert len(await runtime.store.jobs(kinds=[KIND])) == 2
+
+
+async def test_watchdog_speaks_for_a_run_nobody_could_finish(
+    store, agent, fake_openai: FakeOpenAI
+) -> None:
+    from bub_bot.agent.subagent import SubagentCall
+    from bub_bot.tape.jobs import Job
+    from tests.schedule_harness import Clock
+
+    clock = Clock()
+    built = agent()
+    channel = RuntimeChannel()
+    runtime = Runtime(built.settings, store, built, {channel.name: channel}, clock=clock)
+    tape = tape_of(runtime, "test:a")
+    call = SubagentCall(
+        id="sa-lost", prompt="long job", session="temp", allowed=[], model=None, depth=1,
+        parent_tape=tape.name, parent_session="test:a", workspace=str(built.settings.workspace),
+        origin={"session_id": "test:a", "channel": "test", "reply_target": {"chat": "a"}},
+    )  # fmt: skip
+    job = Job(
+        id=call.id, kind=KIND, session_id="test:a", tape=tape.name,
+        workspace=str(built.settings.workspace), channel="test", due=clock.now - 1,
+        data={"call": call.to_json()},
+    )  # fmt: skip
+    assert await store.add_job(job)
+    [fired] = await runtime.timer.fire_due()
+    assert fired.entry is not None and fired.entry.meta["status"] == "lost"
+    assert "did not report back" in fired.entry.payload["content"]
+    assert await store.is_duplicate(result_key("sa-lost"))
+    assert await store.jobs(kinds=[KIND]) == []
+    await runtime.timer.stop()
