@@ -243,3 +243,18 @@ async def test_each_model_call_is_reported_once_with_its_payer(fake_openai, agen
     assert [d["subagent"] for d in seen] == [False, True, False]
     assert all(d["payer"]["sender"] == {"id": "u7"} for d in seen)
     assert all(d["payer"]["session_id"] == tape.session_id for d in seen)
+
+
+async def test_metrics_count_subagent_runs(fake_openai, agent, tape) -> None:
+    from bub_bot.metrics import Metrics
+
+    made, _ = with_subagents(agent)
+    metrics = Metrics()
+    made.hooks.append(metrics.on_agent)
+    fake_openai.script(
+        tool_calls([call("a"), call("b", session="notes")]), text("x"), text("y"), text("z")
+    )
+    await made.run_turn(tape, [USER], turn_id="t1")
+    page = metrics.render().decode()
+    assert 'bub_subagents_total{mode="temp",status="ok"} 1.0' in page
+    assert 'bub_subagents_total{mode="named",status="ok"} 1.0' in page

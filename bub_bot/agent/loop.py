@@ -66,6 +66,10 @@ class Agent:
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
 
+    def notify(self, name: str, data: dict[str, Any]) -> None:
+        """Tell the observers (metrics) of an event of work the agent ran (subagents)."""
+        self._notify(name, data)
+
     def _notify(self, name: str, data: dict[str, Any]) -> None:
         for hook in self.hooks:
             try:

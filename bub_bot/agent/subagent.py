@@ -294,6 +294,8 @@ class Subagents:
             log.exception("subagent.failed session=%s id=%s", call.parent_session, call.id)
             status, text, usage = "error", f"{type(exc).__name__}: {exc}", {}
         where = await self._finish(store, call, tape, status == "ok")
+        mode = call.session if call.session in (TEMP, INHERIT) else "named"
+        self.agent.notify("subagent", {"mode": mode, "status": status})
         log.info(
             "subagent.end session=%s id=%s status=%s tape=%s",
             call.parent_session,
