@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..secrets import Scrubber
+
 if TYPE_CHECKING:
     from ..config import Settings
     from ..tape import Tape, TapeEntry
@@ -43,6 +45,14 @@ class ToolContext:
     handed_off: bool = False
     origin: Origin = field(default_factory=Origin)
     """The conversation and person the turn is for (tools that post later: schedules)."""
+    scrubber: Scrubber | None = None
+    """The agent's secret scrubber (built once, not per call); None: build from settings."""
+
+    def scrub(self) -> Scrubber:
+        """The scrubber for what a tool reads (the agent's when it gave one)."""
+        if self.scrubber is None:
+            self.scrubber = Scrubber.for_settings(self.settings)
+        return self.scrubber
 
 
 class ToolError(Exception):
