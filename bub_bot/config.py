@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     spill_threshold: int = Field(default=4096, ge=0)
     handoff_summary_timeout_seconds: float = Field(default=60.0, gt=0)
 
+    # file tools (bub_bot/workspace_files.py, bub_bot/agent/fs_tools.py)
+    fs_write_max_bytes: int = Field(default=1024 * 1024, ge=1, le=1024**3)
+    """The largest file fs.write / fs.edit may leave (bytes, UTF-8)."""
+    fs_allow_hardlinks: bool = False
+    """Hard-linked files are refused by the file tools unless this is on (another name of
+    the same file may be a secret file)."""
+
     # web.fetch (bub_bot/agent/web_fetch.py)
     fetch_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
     """The most one fetch may take, redirects included."""

@@ -135,6 +135,7 @@ class Agent:
             depth=depth,
             allowed_tools=allowed_tools,
             model=model,
+            scrubber=self.scrub,
         )
         max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..secrets import Scrubber
+
 if TYPE_CHECKING:
     from ..config import Settings
     from ..tape import Tape, TapeEntry
@@ -60,6 +62,14 @@ class ToolContext:
     """Token usage of work the step's tools ran (a subagent's), added to the turn's."""
     records: list[TapeEntry] = field(default_factory=list)
     """Entries written with the current step, after its tool results (audit events)."""
+    scrubber: Scrubber | None = None
+    """The agent's secret scrubber (built once, not per call); None: build from settings."""
+
+    def scrub(self) -> Scrubber:
+        """The scrubber for what a tool reads (the agent's when it gave one)."""
+        if self.scrubber is None:
+            self.scrubber = Scrubber.for_settings(self.settings)
+        return self.scrubber
 
 
 class ToolError(Exception):
