@@ -94,6 +94,8 @@ async def _settle_one(
             context=False,
         )
     )
+    entries.extend(ctx.records)  # what the calls' subagents recorded
+    ctx.records = []
     if ctx.deferred:
         entries.extend(ctx.deferred)
         ctx.deferred = []
