@@ -345,3 +345,46 @@ async def test_web_fetch_runs_once_after_approval(make_runtime, fake_openai: Fak
         await idle(runtime, "test:a")
         assert site.paths() == ["/page"]  # once
         assert "Release notes" in tool_texts(fake_openai)[0]
+
+
+# -- the acting tools (fs.write, fs.edit) with the default policy --------------------------------
+async def test_fs_write_asks_in_a_group_and_not_in_a_dm(
+    make_runtime, fake_openai: FakeOpenAI, workspace
+) -> None:
+    channel = ButtonChannel()
+    channel.name = "slack"  # sessions slack:<chat>: a channel thread, and a DM
+    runtime, channel = make_runtime(channel)
+    group, dm = "T1:C1:1.0", "T1:D1"
+    write = ("fs_write", {"path": "notes.txt", "content": "one\ntwo\n"})
+    fake_openai.script(tool_calls([write]), text("written"))
+    await channel.say("write it", chat=dm)
+    await channel.wait_sent(dm, 1)
+    assert channel.asked == [] and (workspace / "notes.txt").read_text() == "one\ntwo\n"
+
+    edit = ("fs_edit", {"path": "notes.txt", "old": "two\n", "new": "2\n"})
+    fake_openai.script(tool_calls([edit]), text("edited"), tool_calls([edit]), text("fine"))
+    await channel.say("edit it", chat=group)
+    await until(lambda: len(channel.asked) == 1)
+    await idle(runtime, f"slack:{group}")
+    request = channel.asked[0]
+    assert "fs.edit notes.txt (-1 +1 lines)" in request["text"]
+    assert (workspace / "notes.txt").read_text() == "one\ntwo\n"  # not before the click
+    deny = ApprovalClick(
+        "slack", f"slack:{group}", request["id"], request["digest"], "deny", Sender("u1")
+    )
+    assert await runtime.decide(deny) == "deny"
+    await channel.wait_sent(group, 2)
+    await idle(runtime, f"slack:{group}")
+    assert (workspace / "notes.txt").read_text() == "one\ntwo\n"
+
+    await channel.say("edit it now", chat=group)
+    await until(lambda: len(channel.asked) == 2)
+    await idle(runtime, f"slack:{group}")
+    second = channel.asked[1]
+    approve = ApprovalClick(
+        "slack", f"slack:{group}", second["id"], second["digest"], "approve", Sender("u1")
+    )
+    assert await runtime.decide(approve) == "approve"
+    await channel.wait_sent(group, 4)
+    await idle(runtime, f"slack:{group}")
+    assert (workspace / "notes.txt").read_text() == "one\n2\n"
