@@ -388,3 +388,13 @@ async def test_fs_write_asks_in_a_group_and_not_in_a_dm(
     await channel.wait_sent(group, 4)
     await idle(runtime, f"slack:{group}")
     assert (workspace / "notes.txt").read_text() == "one\n2\n"
+
+
+async def test_a_subagent_cannot_ask(agent, tape, fake_openai: FakeOpenAI) -> None:
+    registry, runs = counting_registry()
+    built = agent(registry, approve="bash=ask")
+    fake_openai.script(tool_calls([("bash", {"command": "make deploy"})]), text("could not"))
+    result = await built.run_turn(tape, [{"role": "user", "content": "deploy"}], depth=1)
+    assert result.status == "ok" and runs == []
+    assert "a subagent cannot ask" in tool_texts(fake_openai)[0]
+    assert await events(tape, "approval.request") == []
