@@ -148,7 +148,6 @@ class Agent:
         )
         max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
-        await self.settle(tape, workspace, origin, ctx=ctx)  # decided requests: their calls
         usage_total: dict[str, int] = {}
         seen_through = 0
         auto_handed_off = False
