@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TapeStoreError as exc:
         print(f"bub-bot: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:  # found at start (a forced BUB_SHELL_SANDBOX that cannot work)
+        print(f"bub-bot: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -124,15 +124,21 @@ def _tool_line(name: str, description: str) -> str:
     return f"- {name} — {first}" if first else f"- {name}"
 
 
-def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
+def tools_text(
+    registry: ToolRegistry,
+    workspace: Path | None = None,
+    groups: frozenset[str] | None = None,
+    why_off: dict[str, str] | None = None,
+) -> str:
     """The /tools reply: the built-in tools, then each MCP server with its state and tools
-    (what the model is offered in `workspace` right now)."""
-    own = registry.own()
+    (what the model is offered in `workspace` right now, in `groups`), then the tools not
+    offered and why (`why_off`: a reason per group turned off)."""
+    own = registry.own(groups)
     lines = [f"Built-in tools ({len(own)}):"]
     lines += [_tool_line(t.exposed_name, t.description) for t in own]
     offered = len(own)
-    reserved = {t.exposed_name for t in own}
-    for source in registry.sources:
+    reserved = {t.exposed_name for t in registry.own()}
+    for source in registry.sources if groups is None or "mcp" in groups else ():
         overview = getattr(source, "overview", None)
         if overview is None:
             continue
@@ -146,6 +152,18 @@ def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
             lines.append("")
             lines.append(head)
             lines += [_tool_line(t.exposed_name, t.description) for t in server.tools]
+    off = [
+        (t.exposed_name, (why_off or {}).get(t.group, "turned off"))
+        for t in registry.own()
+        if groups is not None and t.group not in groups
+    ]
+    off += [(name.replace(".", "_"), why) for name, why in registry.missing.items()]
+    if groups is not None and "mcp" not in groups and registry.sources:
+        off.append(("MCP servers' tools", (why_off or {}).get("mcp", "turned off")))
+    if off:
+        lines.append("")
+        lines.append(f"Not offered here ({len(off)}):")
+        lines += [f"- {name} — {why}" for name, why in off]
     lines.insert(0, f"The model has {offered} tools in this conversation.\n")
     return "\n".join(lines)
 

@@ -23,6 +23,7 @@ from .mcp_config import load_mcp_config
 from .netguard import Allowance
 from .schedules.times import zone_named
 from .tape.urls import parse_database_url
+from .toolgroups import TOOL_GROUPS, check_groups
 from .workspaces import load_workspace_map
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -131,6 +132,25 @@ class Settings(BaseSettings):
     """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
     are not public (bub_bot/netguard.py)."""
 
+    # tools and the bash sandbox (issue 19 §2, §5; bub_bot/agent/bash.py, agent/sandbox/)
+    tools: CsvList = Field(default_factory=lambda: list(TOOL_GROUPS))
+    """Tool groups the model gets (a workspace rule's `tools` narrows them)."""
+    shell_sandbox: Literal["auto", "bwrap", "landlock", "none"] = "auto"
+    shell_bwrap: str = "bwrap"
+    """The bubblewrap binary (a name on PATH or a path)."""
+    shell_max_output: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    shell_timeout_max: float = Field(default=1800.0, gt=0, le=86400)
+    shell_cpu_seconds: int = Field(default=300, ge=1)
+    shell_memory_mb: int = Field(default=4096, ge=64)
+    shell_file_mb: int = Field(default=1024, ge=1)
+    shell_nofile: int = Field(default=1024, ge=16)
+    shell_nproc: int = Field(default=256, ge=8)
+    shell_tmp_mb: int = Field(default=256, ge=1)
+    shell_uid: int = Field(default=65534, ge=1, le=2**31 - 1)
+    """The uid commands run as when the bot runs as root."""
+    shell_max_jobs: int = Field(default=4, ge=0, le=100)
+    """Background jobs running at once per conversation."""
+
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
     resume_window_seconds: float = Field(default=900.0, ge=0)
@@ -203,6 +223,15 @@ class Settings(BaseSettings):
         parse_rate(value)
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        if not value:
+            return list(TOOL_GROUPS)  # BUB_TOOLS= (empty): the default
+        if value == ["none"]:
+            return []
+        return check_groups(value, "BUB_TOOLS")
+
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
@@ -228,6 +257,7 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "tools",
         mode="before",
     )
     @classmethod

@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .toolgroups import check_groups
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
+_RULE_KEYS = {"match", "path", "tools", "network"}
+"""Operator keys of a rule (`tools`, `network`: issue 19)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -34,6 +37,10 @@ class WorkspaceRule:
     match: str
     path: str
     index: int
+    tools: tuple[str, ...] | None = None
+    """Tool groups this workspace allows (narrows BUB_TOOLS); None: all of BUB_TOOLS."""
+    network: bool = False
+    """Sandboxed commands (bash) may use the network: the operator's choice, per workspace."""
 
     @property
     def per_session(self) -> bool:
@@ -128,8 +135,11 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or set(item) != {"match", "path"}:
-            raise ConfigError(f'{name}: expected {{"match": "<glob>", "path": "<directory>"}}')
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= _RULE_KEYS:
+            raise ConfigError(
+                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} and optionally'
+                f" {', '.join(sorted(_RULE_KEYS - {'match', 'path'}))}"
+            )
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
             raise ConfigError(f"{name}: match must be a non-empty glob on the session id")
@@ -142,5 +152,18 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
             )
         if ".." in Path(path).parts:
             raise ConfigError(f"{name}: path must not contain '..'")
-        rules.append(WorkspaceRule(match, path, index))
+        tools = item.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+                raise ConfigError(f"{name}: tools must be a list of tool groups")
+            try:
+                check_groups(tools, name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        network = item.get("network", False)
+        if not isinstance(network, bool):
+            raise ConfigError(f"{name}: network must be true or false")
+        rules.append(
+            WorkspaceRule(match, path, index, None if tools is None else tuple(tools), network)
+        )
     return rules

@@ -16,6 +16,7 @@ from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
+from .policy import Policies
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
 from .tools import Origin, ToolContext, ToolRegistry
@@ -56,6 +57,10 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.policies = Policies(settings)
+        """Which tool groups and network each session gets (BUB_TOOLS, BUB_WORKSPACE_MAP)."""
+        self.shell: Any = None
+        """The bash tools' job table (`bub_bot.agent.bash.Shell`) when bash is offered."""
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
@@ -103,7 +108,15 @@ class Agent:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
-        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
+        policy = self.policies.for_session(origin.session_id or tape.session_id or "")
+        ctx = ToolContext(
+            tape=tape,
+            workspace=workspace,
+            settings=self.settings,
+            origin=origin,
+            groups=policy.groups,
+            network=policy.network,
+        )
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
         seen_through = 0
@@ -120,7 +133,7 @@ class Agent:
             entries = visible(raw)
             if entry_filter is not None:
                 entries = entry_filter(entries)
-            tools = self.tools.visible(workspace)
+            tools = self.tools.visible(workspace, policy.groups)
             messages = [
                 {
                     "role": "system",

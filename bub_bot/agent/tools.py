@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..toolgroups import group_of
+
 if TYPE_CHECKING:
     from ..config import Settings
     from ..tape import Tape, TapeEntry
@@ -43,6 +45,10 @@ class ToolContext:
     handed_off: bool = False
     origin: Origin = field(default_factory=Origin)
     """The conversation and person the turn is for (tools that post later: schedules)."""
+    groups: frozenset[str] | None = None
+    """The tool groups offered here (BUB_TOOLS narrowed by the workspace rule); None: all."""
+    network: bool = False
+    """The workspace rule lets sandboxed commands use the network (an operator's choice)."""
 
 
 class ToolError(Exception):
@@ -59,9 +65,15 @@ class Tool:
     handler: Callable[..., Awaitable[Any]]
     model_visible: bool = True
     spillable: bool = True
+    group: str = ""
+    """tape, fs, spill, bash, web, skills, mcp or schedule (default: from the name)."""
     _schema: tuple[tuple[Any, ...], dict[str, Any]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            self.group = group_of(self.name)
 
     @property
     def exposed_name(self) -> str:
@@ -134,6 +146,8 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self.sources: list[ToolSource] = []
+        self.missing: dict[str, str] = {}
+        """Tools not offered on this server at all, and why (bash without a sandbox)."""
 
     def add(self, tool: Tool) -> Tool:
         self._tools[tool.name] = tool
@@ -164,22 +178,31 @@ class ToolRegistry:
                 return found
         return None
 
-    def own(self) -> list[Tool]:
-        """The registry's own (built-in) tools the model sees."""
-        return [t for t in self._tools.values() if t.model_visible]
+    def own(self, groups: frozenset[str] | None = None) -> list[Tool]:
+        """The registry's own (built-in) tools the model sees (in `groups`; None: all)."""
+        return [
+            t
+            for t in self._tools.values()
+            if t.model_visible and (groups is None or t.group in groups)
+        ]
 
-    def visible(self, workspace: Path | None = None) -> list[Tool]:
+    def visible(
+        self, workspace: Path | None = None, groups: frozenset[str] | None = None
+    ) -> list[Tool]:
         """The tools offered to the model: the registry's own, then the sources' current
-        ones (for `workspace`; None: the default one)."""
-        tools = self.own()
+        ones (for `workspace`; None: the default one), only those of `groups`."""
+        tools = self.own(groups)
         if self.sources:
-            reserved = {t.exposed_name for t in tools}
+            reserved = {t.exposed_name for t in self.own()}
             for source in self.sources:
-                tools.extend(source.tools(workspace, reserved))
+                found = source.tools(workspace, reserved)
+                tools.extend(t for t in found if groups is None or t.group in groups)
         return tools
 
-    def schemas(self, workspace: Path | None = None) -> list[dict[str, Any]]:
-        return [t.schema() for t in self.visible(workspace)]
+    def schemas(
+        self, workspace: Path | None = None, groups: frozenset[str] | None = None
+    ) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.visible(workspace, groups)]
 
     async def prepare(self, workspace: Path | None = None) -> None:
         """Before a turn: let the sources finish discovering their tools (bounded)."""
@@ -189,8 +212,12 @@ class ToolRegistry:
     async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
         """Run one call; returns (ok, result). Failures become an error result, never raise."""
         tool = self.get(name, ctx.workspace)
-        if tool is None or not tool.model_visible:
-            known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace))
+        if (
+            tool is None
+            or not tool.model_visible
+            or (ctx.groups is not None and tool.group not in ctx.groups)
+        ):
+            known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace, ctx.groups))
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
             raw = json.loads(arguments or "{}")

@@ -18,6 +18,7 @@ from ..agent.model import ModelError
 from ..config import Settings
 from ..schedules.book import ScheduleBook, jobs_text
 from ..tape import Tape, TapeEntry
+from ..toolgroups import TOOL_GROUPS
 from .delivery import Delivery
 from .session import Session
 
@@ -126,7 +127,7 @@ class CommandRunner:
                 f"Last anchor: {info.last_anchor or '-'}\n"
                 f"Entries since it: {info.entries_since_anchor}\n"
                 f"Last token usage: {_usage_text(usage)}\n"
-                f"Workspace: {session.workspace}"
+                f"Workspace: {session.workspace}" + self._jobs_text(session)
             )
         if command.name == "anchors":
             anchors = await tape.anchors(command.count)
@@ -137,15 +138,43 @@ class CommandRunner:
             return "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
         if command.name == "tools":
             await self.agent.tools.prepare(session.workspace)  # as a turn would
-            return commands.tools_text(self.agent.tools, session.workspace)
+            policy = self.agent.policies.for_session(session.id)
+            why_off = {
+                group: (
+                    f"turned off by {policy.narrowed_by} of BUB_WORKSPACE_MAP"
+                    if group in self.settings.tools
+                    else "turned off (BUB_TOOLS does not list it)"
+                )
+                for group in TOOL_GROUPS
+                if group not in policy.groups
+            }
+            return commands.tools_text(self.agent.tools, session.workspace, policy.groups, why_off)
         if command.name == "skills":
             found = skills.catalog(session.workspace, self.settings.skills_dir)
-            offered = any(t.name == "skill" for t in self.agent.tools.visible(session.workspace))
+            groups = self.agent.policies.for_session(session.id).groups
+            offered = any(
+                t.name == "skill" for t in self.agent.tools.visible(session.workspace, groups)
+            )
             # Skill files are the workspace's text: scrubbed like everything shown from it.
             return self.agent.scrub.text(commands.skills_text(found, offered))
         if command.name in ("schedules", "unschedule"):
             return await self._schedules(session, command)
         return commands.help_text()
+
+    def _jobs_text(self, session: Session) -> str:
+        """The session's background jobs (bash), for /status."""
+        shell = self.agent.shell
+        if shell is None:
+            return ""
+        jobs = shell.jobs.of(session.tape.name)
+        if not jobs:
+            return "\nBackground jobs: none"
+        lines = [f"\nBackground jobs ({len(jobs)}):"]
+        for job in jobs:
+            info = job.summary()
+            code = f", exit {info['exit_code']}" if "exit_code" in info else ""
+            lines.append(f"- {job.id} {job.state}{code} ({info['seconds']} s): {info['cmd']}")
+        return self.agent.scrub.text("\n".join(lines))
 
     async def _schedules(self, session: Session, command: commands.Command) -> str:
         if self.schedules is None:
