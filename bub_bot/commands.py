@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .toolgroups import offered as group_offered
+
 if TYPE_CHECKING:
     from .agent.skills import Catalog
     from .agent.tools import ToolRegistry
@@ -155,7 +157,7 @@ def tools_text(
     off = [
         (t.exposed_name, (why_off or {}).get(t.group, "turned off"))
         for t in registry.own()
-        if groups is not None and t.group not in groups
+        if not group_offered(t.group, groups)
     ]
     off += [(name.replace(".", "_"), why) for name, why in registry.missing.items()]
     if groups is not None and "mcp" not in groups and registry.sources:

@@ -7,9 +7,16 @@ _PREFIX = {"skill": "skills"}
 
 
 def group_of(tool_name: str) -> str:
-    """A tool's group from its dotted name (`fs.read` → fs, `skill` → skills, `mcp.x.y` → mcp)."""
+    """A tool's group from its dotted name (`fs.read` → fs, `skill` → skills, `mcp.x.y` → mcp);
+    "" for a name of no group (always offered: BUB_TOOLS cannot name it)."""
     head = tool_name.split(".", 1)[0]
-    return _PREFIX.get(head, head)
+    head = _PREFIX.get(head, head)
+    return head if head in TOOL_GROUPS else ""
+
+
+def offered(group: str, groups: frozenset[str] | None) -> bool:
+    """Whether a tool of `group` is offered when `groups` are (None: all)."""
+    return groups is None or not group or group in groups
 
 
 def check_groups(value: list[str], where: str) -> list[str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
-from ..toolgroups import group_of
+from ..toolgroups import group_of, offered
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -180,11 +180,7 @@ class ToolRegistry:
 
     def own(self, groups: frozenset[str] | None = None) -> list[Tool]:
         """The registry's own (built-in) tools the model sees (in `groups`; None: all)."""
-        return [
-            t
-            for t in self._tools.values()
-            if t.model_visible and (groups is None or t.group in groups)
-        ]
+        return [t for t in self._tools.values() if t.model_visible and offered(t.group, groups)]
 
     def visible(
         self, workspace: Path | None = None, groups: frozenset[str] | None = None
@@ -196,7 +192,7 @@ class ToolRegistry:
             reserved = {t.exposed_name for t in self.own()}
             for source in self.sources:
                 found = source.tools(workspace, reserved)
-                tools.extend(t for t in found if groups is None or t.group in groups)
+                tools.extend(t for t in found if offered(t.group, groups))
         return tools
 
     def schemas(
@@ -212,11 +208,7 @@ class ToolRegistry:
     async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
         """Run one call; returns (ok, result). Failures become an error result, never raise."""
         tool = self.get(name, ctx.workspace)
-        if (
-            tool is None
-            or not tool.model_visible
-            or (ctx.groups is not None and tool.group not in ctx.groups)
-        ):
+        if tool is None or not tool.model_visible or not offered(tool.group, ctx.groups):
             known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace, ctx.groups))
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
