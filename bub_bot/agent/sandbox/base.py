@@ -64,6 +64,9 @@ class Launch:
     env: dict[str, str]
     graceful: bool = False
     cwd: Path | None = None
+    pass_fd: int | None = None
+    """An fd the launcher inherits (bwrap --bind-fd: the workspace's parents need not be
+    reachable by the sandbox uid); the runner closes it once the launcher started."""
     cleanup: list[Path] = field(default_factory=list)
 
 

@@ -9,12 +9,30 @@ everything inside, `setsid` children included.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
+from .landlock import hand_over
 
 INSIDE = "/work"
+log = logging.getLogger("bub_bot.sandbox")
+
+
+def reachable_by(path: Path, uid: int) -> bool:
+    """Whether `uid` (not root, no groups) can traverse every parent of `path`."""
+    for parent in path.resolve().parents:
+        try:
+            st = parent.stat()
+        except OSError:
+            return False
+        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
+            continue
+        if st.st_gid == uid and st.st_mode & 0o010:
+            continue
+        return False
+    return True
 
 
 class BwrapBackend:
@@ -24,8 +42,27 @@ class BwrapBackend:
 
     def __init__(self, bwrap: str = "bwrap") -> None:
         self.bwrap = bwrap
+        self.warned = False
 
     def launch(self, spec: CommandSpec) -> Launch:
+        if os.geteuid() == 0 and reachable_by(Path(spec.workspace), spec.uid):
+            # As root, bwrap itself runs as the sandbox uid where it can reach the workspace
+            # (bwrap resolves the bind source as that uid): RLIMIT_NPROC does not apply to
+            # uid 0, and an escape would not be root. The workspace is handed over to it.
+            hand_over(Path(spec.workspace), spec.uid)
+            drop = ["/usr/bin/setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}"]
+            return Launch([*drop, "--clear-groups", "--", *self.argv(spec)], dict(LAUNCH_ENV))
+        if os.geteuid() == 0 and not self.warned:
+            self.warned = True
+            log.warning(
+                "sandbox.bwrap_as_root workspace=%s is not reachable by BUB_SHELL_UID=%d: the"
+                " sandbox runs as root mapped to uid %d in its own user namespace (no"
+                " capabilities); BUB_SHELL_NPROC is not enforced for it (put workspaces where"
+                " that uid can traverse the parents, or run the bot as a non-root user)",
+                spec.workspace,
+                spec.uid,
+                spec.uid,
+            )
         return Launch(self.argv(spec), dict(LAUNCH_ENV))
 
     def argv(self, spec: CommandSpec) -> list[str]:

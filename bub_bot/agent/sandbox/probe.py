@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class Availability:
 async def _works(backend: Backend, uid: int) -> str:
     """ "ok" when `true` runs in `backend` and exits 0; else the launcher's error."""
     with tempfile.TemporaryDirectory(prefix="bub-probe-") as tmp:
+        os.chmod(tmp, 0o711)  # as a workspace the sandbox uid can reach (bwrap as root)
         ws = Path(tmp) / "ws"
         ws.mkdir()
         spec = CommandSpec("echo sandbox-ok", ws, limits=Limits(), uid=uid)

@@ -141,6 +141,9 @@ class Running:
 async def start(launch: Launch, cap: int) -> Running:
     """Start `launch` in a new session, stdin closed, no inherited fds."""
     try:
+        kwargs: dict = {}
+        if launch.pass_fd is not None:
+            kwargs["pass_fds"] = (launch.pass_fd,)
         proc = await asyncio.create_subprocess_exec(
             *launch.argv,
             env=launch.env,
@@ -150,10 +153,14 @@ async def start(launch: Launch, cap: int) -> Running:
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            **kwargs,
         )
     except OSError as exc:
         clean(launch.cleanup)
         raise SandboxStartError(f"cannot start {launch.argv[0]}: {exc}") from exc
+    finally:
+        if launch.pass_fd is not None:
+            os.close(launch.pass_fd)
     return Running(proc, launch, cap)
 
 
