@@ -450,3 +450,36 @@ async def test_loopback_port_is_reachable_from_the_host() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert (await reader.readline()).startswith(b"hello")
         writer.close()
+
+
+async def test_workspace_rule_turns_the_network_on_for_its_sessions_only(
+    fake_openai, agent, store, tmp_path, workspace
+) -> None:
+    from tests.fakes.openai_server import text, tool_calls
+
+    rules = tmp_path / "map.json"
+    rules.write_text(
+        json.dumps({"workspaces": [{"match": "net:*", "path": str(workspace), "network": True}]})
+    )
+    registry = ToolRegistry()
+    made = agent(registry, workspace_map=rules)
+    shell = await install_bash(registry, made.settings)
+    listener = Listener()
+    try:
+        async with listener as port:
+            for session in ("net:1", "plain:1"):
+                fake_openai.script(
+                    tool_calls([("bash", {"cmd": CONNECT.format(host="127.0.0.1", port=port)})]),
+                    text("ok"),
+                )
+                tape = Tape.for_session(store, session, workspace)
+                result = await made.run_turn(tape, [{"role": "user", "content": "connect"}])
+                assert result.status == "ok"
+            first, second = (
+                [m for m in r.body["messages"] if m["role"] == "tool"][-1]["content"]
+                for r in fake_openai.completion_requests()[1::2]
+            )
+    finally:
+        await shell.close()
+    assert "REACHED" in first and "REACHED" not in second
+    assert listener.hits == 1
