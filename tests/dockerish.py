@@ -7,7 +7,6 @@ clone3: ENOSYS so libc falls back to clone); `--no-landlock` also makes Landlock
 from __future__ import annotations
 
 import os
-import platform
 import sys
 
 from bub_bot.agent.sandbox.landlock_helper import (
@@ -29,7 +28,7 @@ def main() -> None:
     if no_landlock:
         args = args[1:]
     assert args[0] == "--"
-    arch = ARCHES[platform.machine()]
+    arch = ARCHES[os.uname().machine]
     rules = [
         (arch["unshare"], EPERM, None, None),
         (arch["clone"], EPERM, CLONE_NEWUSER, None),

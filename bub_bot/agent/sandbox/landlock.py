@@ -8,8 +8,8 @@ helper drops to BUB_SHELL_UID, so the workspace is handed over to that uid first
 
 from __future__ import annotations
 
-import json
 import logging
+import marshal
 import os
 import shutil
 import sys
@@ -85,7 +85,7 @@ class LandlockBackend:
                 "nproc": limits.nproc,
             },
         }
-        argv = [self.python, "-I", "-S", str(HELPER), json.dumps(cfg), "--"]
+        argv = [self.python, "-I", "-S", str(HELPER), marshal.dumps(cfg).hex(), "--"]
         argv += ["/bin/sh", "-c", spec.cmd]
         return Launch(argv, dict(LAUNCH_ENV), graceful=True, cleanup=[tmp])
 
