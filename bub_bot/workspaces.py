@@ -5,7 +5,8 @@
         {"match": "web:*", "path": "/srv/scratch/{tape}"}
     ]}
 
-`match` is a glob on the session id; `path` a directory. `{session}` and `{tape}` give each
+`match` is a glob on the session id; `path` a directory; optional operator keys: `tools` (tool
+groups, narrowing BUB_TOOLS) and `network` (bash commands get the network). `{session}` and `{tape}` give each
 conversation a directory of its own (a safe name, created on first use). No match: the
 default workspace (`BUB_WORKSPACE`). The runtime decides a session's workspace once, when the
 session starts, and records it on the tape; a changed map applies to new sessions only.
