@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -483,3 +484,20 @@ async def test_workspace_rule_turns_the_network_on_for_its_sessions_only(
         await shell.close()
     assert "REACHED" in first and "REACHED" not in second
     assert listener.hits == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_nothing_survives_a_sigkilled_bot(backend, tmp_path, workspace) -> None:
+    marker = f"6{os.getpid() % 1000:03d}{BACKENDS.index(backend)}"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("bash_kill_child.py")),
+        backend, str(workspace), str(tmp_path / "home"), marker,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdout is not None
+    line = await asyncio.wait_for(child.stdout.readline(), 30)
+    assert line.strip() == b"READY"
+    assert len(leftovers(f"sleep\0{marker}")) >= 3  # the job really runs
+    child.kill()
+    await child.wait()
+    assert await no_leftovers(f"sleep\0{marker}") == []
