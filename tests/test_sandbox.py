@@ -501,3 +501,20 @@ async def test_nothing_survives_a_sigkilled_bot(backend, tmp_path, workspace) ->
     child.kill()
     await child.wait()
     assert await no_leftovers(f"sleep\0{marker}") == []
+
+
+async def test_none_runs_unsandboxed_only_when_asked_and_warns(
+    make_bash, workspace, caplog
+) -> None:
+    with caplog.at_level("WARNING", logger="bub_bot.sandbox"):
+        bash = await make_bash("none")
+    assert "bash.UNSANDBOXED BUB_SHELL_SANDBOX=none" in caplog.text
+    result = await bash.run("pwd; env | cut -d= -f1 | sort | tr '\\n' ' '")
+    assert result["output"].splitlines()[0] == str(workspace.resolve())
+    assert "OPENAI" not in result["output"] and "BUB_" not in result["output"]
+
+
+async def test_landlock_home_is_reachable(make_bash) -> None:
+    bash = await make_bash("landlock")
+    result = await bash.run('cd "$HOME" && echo x > "$TMPDIR/t" && cat "$TMPDIR/t"')
+    assert result["exit_code"] == 0 and result["output"] == "x\n"

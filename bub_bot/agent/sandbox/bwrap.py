@@ -14,25 +14,10 @@ import os
 from pathlib import Path
 
 from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
-from .landlock import hand_over
+from .landlock import hand_over, reachable_by
 
 INSIDE = "/work"
 log = logging.getLogger("bub_bot.sandbox")
-
-
-def reachable_by(path: Path, uid: int) -> bool:
-    """Whether `uid` (not root, no groups) can traverse every parent of `path`."""
-    for parent in path.resolve().parents:
-        try:
-            st = parent.stat()
-        except OSError:
-            return False
-        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
-            continue
-        if st.st_gid == uid and st.st_mode & 0o010:
-            continue
-        return False
-    return True
 
 
 class BwrapBackend:

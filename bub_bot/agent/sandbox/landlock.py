@@ -25,6 +25,21 @@ HAND_OVER_LIMIT = 200_000
 """At most this many entries are re-owned per command (a huge tree is left as it is)."""
 
 
+def reachable_by(path: Path, uid: int) -> bool:
+    """Whether `uid` (not root, no groups) can traverse every parent of `path`."""
+    for parent in path.resolve().parents:
+        try:
+            st = parent.stat()
+        except OSError:
+            return False
+        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
+            continue
+        if st.st_gid == uid and st.st_mode & 0o010:
+            continue
+        return False
+    return True
+
+
 def hand_over(root: Path, uid: int) -> None:
     """Give `root`'s files to `uid` so the sandboxed command can use them (the bot, root,
     still can). Symlinks are re-owned themselves, never followed."""
@@ -61,9 +76,11 @@ class LandlockBackend:
             os.chown(tmp, spec.uid, spec.uid)
             hand_over(workspace, spec.uid)
         limits = spec.limits
+        # HOME by path must be reachable by the dropped uid: else the private tmp directory.
+        home = workspace if not root or reachable_by(workspace, spec.uid) else tmp
         env = {
             "PATH": MINIMAL_PATH,
-            "HOME": str(workspace),
+            "HOME": str(home),
             "LANG": "C.UTF-8",
             "TMPDIR": str(tmp),
             "USER": "sandbox",
