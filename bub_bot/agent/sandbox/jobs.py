@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bub_bot.sandbox")
 
 JOB_EVENT = "bash.job"
+KEEP_FINISHED = 200
+"""Finished jobs kept in memory (their output readable); older ones answer from the tape."""
 TAIL_ON_TAPE = 2000
 """Characters of a finished job's output recorded on the tape (the end of it)."""
 
@@ -55,6 +57,11 @@ class JobTable:
         self.keep_bytes = keep_bytes
         self.jobs: dict[str, Job] = {}
 
+    def _prune(self) -> None:
+        finished = [j for j in self.jobs.values() if j.state != "running"]
+        for job in finished[: max(len(finished) - KEEP_FINISHED, 0)]:
+            del self.jobs[job.id]
+
     def of(self, tape_name: str) -> list[Job]:
         """The jobs of one tape (session), oldest first."""
         return [j for j in self.jobs.values() if j.tape.name == tape_name]
@@ -67,6 +74,7 @@ class JobTable:
     ) -> Job:
         """Record a started job on its tape and follow it to its end."""
         job = Job(secrets.token_hex(6), tape, session_id, cmd, running)
+        self._prune()
         self.jobs[job.id] = job
 
         def keep(data: bytes) -> None:
