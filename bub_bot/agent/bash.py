@@ -200,7 +200,7 @@ async def _old_job(ctx: ToolContext, job_id: str) -> dict[str, Any]:
         }
     found = {"job_id": job_id, "state": data.get("state"), "exit_code": data.get("exit_code")}
     found["output_tail"] = data.get("output_tail", "")
-    found["note"] = "an earlier run of the bot recorded this job's end; only its tail is kept"
+    found["note"] = "this job ended earlier; only the end of its output was kept (on the tape)"
     return found
 
 
