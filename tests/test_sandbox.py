@@ -215,3 +215,31 @@ async def test_landlock_home_is_reachable(make_bash) -> None:
     bash = await make_bash("landlock")
     result = await bash.run('cd "$HOME" && echo x > "$TMPDIR/t" && cat "$TMPDIR/t"')
     assert result["exit_code"] == 0 and result["output"] == "x\n"
+
+
+async def test_abstract_unix_socket_of_the_host_is_unreachable(bash: Bash) -> None:
+    name = f"bub-test-{os.getpid()}-{bash.shell.availability.name}"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    host.bind("\0" + name)
+    host.listen(1)
+    try:
+        result = await bash.run(
+            "python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX);"
+            ' s.connect("\\0" + sys.argv[1]); print("REACHED")\' ' + name
+        )
+    finally:
+        host.close()
+    assert result["exit_code"] != 0 and "REACHED" not in result["output"]
+
+
+async def test_two_concurrent_commands_do_not_see_each_other(make_bash, tmp_path) -> None:
+    for backend in BACKENDS:
+        one, two = tmp_path / f"{backend}-one", tmp_path / f"{backend}-two"
+        one.mkdir()
+        two.mkdir()
+        first = await make_bash(backend, ws=one)
+        second = await make_bash(backend, ws=two)
+        cmd = 'echo {0} > "$TMPDIR/{0}"; echo {0} > {0}.txt; sleep 1; ls "$TMPDIR" /tmp; ls'
+        a, b = await asyncio.gather(first.run(cmd.format("aaa")), second.run(cmd.format("bbb")))
+        assert "aaa" in a["output"] and "bbb" not in a["output"], a
+        assert "bbb" in b["output"] and "aaa" not in b["output"], b
