@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
+from .limits import check_priced, limits_from
 from .mcp_config import load_mcp_config
 from .netguard import Allowance
 from .schedules.times import zone_named
@@ -149,6 +150,20 @@ class Settings(BaseSettings):
     """A job that fires later than this after its time (the bot was down) says it is late."""
     schedule_drop_seconds: float = Field(default=86400.0, ge=0)
     """A job later than this is not run; the conversation gets a note instead (0: never)."""
+    # limits, budgets and usage (bub_bot/limits.py, bub_bot/budgets)
+    limit_user: str = ""
+    """Messages per person: `20/min,200/day` (minute, hour, day, month; calendar windows)."""
+    limit_conversation: str = ""
+    """Messages per conversation (session), as BUB_LIMIT_USER."""
+    budget_user: str = ""
+    """Tokens (input + output) per person: `200000/day`, `5M/month`, or dollars `$5/day`."""
+    budget_conversation: str = ""
+    budget_total: str = ""
+    """The whole bot's budget (admins too)."""
+    model_prices: str = ""
+    """`model=in/out` dollars per 1 M tokens, comma-separated: `gpt-4o=2.5/10`."""
+    admins: str = ""
+    """`slack:U123,telegram:42`: exempt from the per-person limits (not the total); /usage all."""
     # streaming replies: the answer appears while the model writes it
     stream: bool = True
     stream_interval_ms: int | None = Field(default=None, ge=0, le=60_000)
@@ -350,6 +365,10 @@ class Settings(BaseSettings):
             raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
         if self.workspace_map is not None:
             load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
+        try:
+            check_priced(limits_from(self), self.model)  # the limits: one line naming one
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return self
 
 

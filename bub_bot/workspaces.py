@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .limits import RuleLimits
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
+RULE_KEYS = {"match", "path", "limits"}
+"""A rule's keys; other operator keys (network, tools, approve) join as their issues land."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -34,6 +37,8 @@ class WorkspaceRule:
     match: str
     path: str
     index: int
+    limits: RuleLimits | None = None
+    """`"limits": {...}`: the message rates and budgets of sessions here (bub_bot/limits.py)."""
 
     @property
     def per_session(self) -> bool:
@@ -128,8 +133,11 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or set(item) != {"match", "path"}:
-            raise ConfigError(f'{name}: expected {{"match": "<glob>", "path": "<directory>"}}')
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= RULE_KEYS:
+            raise ConfigError(
+                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} (optional keys:'
+                f" {', '.join(sorted(RULE_KEYS - {'match', 'path'}))})"
+            )
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
             raise ConfigError(f"{name}: match must be a non-empty glob on the session id")
@@ -142,5 +150,11 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
             )
         if ".." in Path(path).parts:
             raise ConfigError(f"{name}: path must not contain '..'")
-        rules.append(WorkspaceRule(match, path, index))
+        limits = None
+        if "limits" in item:
+            try:
+                limits = RuleLimits.parse(item["limits"], name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        rules.append(WorkspaceRule(match, path, index, limits))
     return rules

@@ -20,6 +20,7 @@ from .store import (
 )
 from .tape import BOOTSTRAP_ANCHOR, Tape, TapeInfo
 from .urls import DatabaseURL, parse_database_url
+from .usage import Counting, UsageAdd, UsageRow
 
 if TYPE_CHECKING:
     from .postgres import PostgresTapeStore
@@ -38,6 +39,7 @@ __all__ = [
     "BOOTSTRAP_ANCHOR",
     "KINDS",
     "AnchorNotFound",
+    "Counting",
     "DatabaseURL",
     "DedupeRecord",
     "PayloadError",
@@ -51,6 +53,8 @@ __all__ = [
     "TapeStore",
     "TapeStoreError",
     "TapeSummary",
+    "UsageAdd",
+    "UsageRow",
     "archive_name",
     "default_selector",
     "open_store",

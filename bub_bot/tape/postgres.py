@@ -51,6 +51,8 @@ from .store import (
     with_ids,
 )
 from .urls import parse_database_url
+from .usage import COLUMNS as USAGE_COLUMNS
+from .usage import Counting, UsageAdd, UsageRow, row_usage
 
 T = TypeVar("T")
 
@@ -210,10 +212,21 @@ class PostgresTapeStore(StoreBase):
     # -- writes -------------------------------------------------------------------------------
     async def _append(self, append: Append) -> list[int] | None:
         w = append
-        if w.rows and not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None:
-            # The common append: one statement, one round trip (its own transaction).
-            async with self.pool.acquire() as conn:
-                ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+        simple = not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None
+        if w.rows and simple and w.decide is None:
+            # The common append: one statement, one round trip (its own transaction); with
+            # counters too (a step's usage with its `run` event).
+            for attempt in range(3):
+                try:
+                    async with self.pool.acquire() as conn:
+                        if w.adds:
+                            ids = await _allocate_count_and_insert(conn, w, utc_now())
+                        else:
+                            ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+                    break
+                except asyncpg.exceptions.DeadlockDetectedError:
+                    if attempt == 2:
+                        raise
             if ids is not None:
                 return ids
             # A new tape: created in the transaction below.
@@ -386,6 +399,52 @@ class PostgresTapeStore(StoreBase):
             )
         return [DedupeRecord(*r) for r in rows]
 
+    # -- usage counters -----------------------------------------------------------------------
+    async def add_usage(self, adds: Sequence[UsageAdd]) -> None:
+        """Add to counters in one statement (atomic)."""
+        merged = Counting(tuple(adds)).sorted_adds()
+        if not merged:
+            return
+        for attempt in range(3):
+            try:
+                async with self.pool.acquire() as conn:
+                    await conn.fetch(_ADD_USAGE, *_usage_columns(merged), utc_now())
+                return
+            except asyncpg.exceptions.DeadlockDetectedError:
+                if attempt == 2:
+                    raise
+
+    async def usage(self, keys: Sequence[str], first: str, last: str) -> list[UsageRow]:
+        """The counter rows of `keys` with `first <= window <= last`."""
+        if not keys:
+            return []
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {USAGE_COLUMNS} FROM bub_usage WHERE key = ANY($1::text[])"
+                " AND win BETWEEN $2 AND $3",
+                list(keys),
+                first,
+                last,
+            )
+        return [row_usage(r) for r in rows]
+
+    async def top_usage(
+        self, prefix: str, first: str, last: str, *, limit: int = 10
+    ) -> list[UsageRow]:
+        """Keys starting with `prefix`, summed over the windows, most tokens first."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT key, min(win), sum(messages), sum(tokens_in), sum(tokens_out),"
+                " sum(cost), sum(estimated) FROM bub_usage WHERE starts_with(key, $1)"
+                " AND win BETWEEN $2 AND $3 GROUP BY key"
+                " ORDER BY sum(tokens_in) + sum(tokens_out) DESC, key LIMIT $4",
+                prefix,
+                first,
+                last,
+                limit,
+            )
+        return [row_usage(r) for r in rows]
+
 
 # -- SQL helpers --------------------------------------------------------------------------------
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -433,6 +492,37 @@ async def _lock_tape(
     return row["id"], row["last_id"]
 
 
+_USAGE_UPSERT = (
+    "INSERT INTO bub_usage (key, win, messages, tokens_in, tokens_out, cost, estimated, updated)"
+    " SELECT k, w, m, ti, tt, c, e, {now} FROM unnest({arrays})"
+    " AS a(k, w, m, ti, tt, c, e){where}"
+    " ON CONFLICT (key, win) DO UPDATE SET messages = bub_usage.messages + excluded.messages,"
+    " tokens_in = bub_usage.tokens_in + excluded.tokens_in,"
+    " tokens_out = bub_usage.tokens_out + excluded.tokens_out,"
+    " cost = bub_usage.cost + excluded.cost, estimated = bub_usage.estimated + excluded.estimated,"
+    " updated = excluded.updated"
+)
+_USAGE_ARRAYS = (
+    "$1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[]"
+)
+_ADD_USAGE = (
+    _USAGE_UPSERT.format(now="$8", arrays=_USAGE_ARRAYS, where="") + " RETURNING key, win, messages"
+)
+
+
+def _usage_columns(adds: Sequence[UsageAdd]) -> list[list[Any]]:
+    return [list(column) for column in zip(*(a.values() for a in adds), strict=True)]
+
+
+async def _add_usage(
+    conn: asyncpg.Connection, adds: Sequence[UsageAdd], now: str
+) -> dict[tuple[str, str], int]:
+    """Add to the counters (in the caller's transaction); each row's `messages` after. The
+    upsert locks each row: a concurrent add waits and then adds to the committed value."""
+    found = await conn.fetch(_ADD_USAGE, *_usage_columns(adds), now)
+    return {(r[0], r[1]): int(r[2]) for r in found}
+
+
 def _columns(rows: Sequence[Row]) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * 5
 
@@ -452,6 +542,23 @@ _ALLOCATE_AND_INSERT = (
 )
 
 
+# The common append with counters, in one statement (one round trip, atomic): the counters
+# are added only when the tape row exists (`t` returned it), so the fallback for a new tape
+# cannot count twice.
+_ALLOCATE_COUNT_AND_INSERT = _ALLOCATE_AND_INSERT.replace(
+    " INSERT INTO bub_entries",
+    ", u AS ("
+    + _USAGE_UPSERT.format(
+        now="$16",
+        arrays="$9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],"
+        " $14::bigint[], $15::bigint[]",
+        where=" WHERE EXISTS (SELECT 1 FROM t)",
+    )
+    + ") INSERT INTO bub_entries",
+    1,
+)
+
+
 async def _allocate_and_insert(
     conn: asyncpg.Connection, tape: str, rows: Sequence[Row], session_id: str | None
 ) -> list[int] | None:
@@ -460,9 +567,30 @@ async def _allocate_and_insert(
     return sorted(r[0] for r in found) if found else None
 
 
+async def _allocate_count_and_insert(
+    conn: asyncpg.Connection, w: Append, now: str
+) -> list[int] | None:
+    """`_allocate_and_insert` adding `w.adds` in the same statement."""
+    found = await conn.fetch(
+        _ALLOCATE_COUNT_AND_INSERT,
+        w.tape,
+        len(w.rows),
+        w.session_id,
+        *_columns(w.rows),
+        *_usage_columns(w.adds),
+        now,
+    )
+    return sorted(r[0] for r in found) if found else None
+
+
 async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
     tape_id, _ = await _lock_tape(conn, w.tape, w.session_id, now)
     rows, skip = w.rows, 0
+    if w.adds:
+        # In the append's transaction (rolled back with it when a dedupe key refuses it).
+        found = await _add_usage(conn, w.adds, now)
+        if w.decide is not None:
+            rows = w.decide(found) or rows
     if w.if_no_anchor or w.bootstrap is not None:
         # A statement after the lock: it sees every entry committed before we got it.
         has_anchor = await conn.fetchval(

@@ -34,6 +34,8 @@ from .store import (
     row_entry,
     with_ids,
 )
+from .usage import COLUMNS as USAGE_COLUMNS
+from .usage import Counting, UsageAdd, UsageRow, row_usage
 
 T = TypeVar("T")
 
@@ -122,6 +124,36 @@ class SQLiteTapeStore(StoreBase):
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
         return await self._run(_add_dedupe, list(records))
+
+    # -- usage counters -----------------------------------------------------------------------
+    async def add_usage(self, adds: Sequence[UsageAdd]) -> None:
+        """Add to counters in one transaction."""
+        merged = Counting(tuple(adds)).sorted_adds()
+        if merged:
+            await self._run(_add_usage_alone, merged, utc_now())
+
+    async def usage(self, keys: Sequence[str], first: str, last: str) -> list[UsageRow]:
+        """The counter rows of `keys` with `first <= window <= last`."""
+        if not keys:
+            return []
+        sql = (
+            f"SELECT {USAGE_COLUMNS} FROM usage WHERE key IN ({_marks(keys)})"
+            " AND win BETWEEN ? AND ?"
+        )
+        args = (*keys, first, last)
+        return await self._run(lambda c: [row_usage(r) for r in c.execute(sql, args)])
+
+    async def top_usage(
+        self, prefix: str, first: str, last: str, *, limit: int = 10
+    ) -> list[UsageRow]:
+        """Keys starting with `prefix`, summed over the windows, most tokens first."""
+        sql = (
+            "SELECT key, min(win), sum(messages), sum(tokens_in), sum(tokens_out), sum(cost),"
+            " sum(estimated) FROM usage WHERE key >= ? AND key < ? AND win BETWEEN ? AND ?"
+            " GROUP BY key ORDER BY sum(tokens_in) + sum(tokens_out) DESC, key LIMIT ?"
+        )
+        args = (prefix, prefix + "\U0010ffff", first, last, limit)
+        return await self._run(lambda c: [row_usage(r) for r in c.execute(sql, args)])
 
     # -- jobs ---------------------------------------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
@@ -275,6 +307,11 @@ def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | N
     if w.if_no_anchor and has_anchor:
         return None
     rows, skip = w.rows, 0
+    if w.adds:
+        # In the append's transaction: the counters move exactly when the entries are written.
+        found = _add_usage(conn, w.adds, now)
+        if w.decide is not None:
+            rows = w.decide(found) or rows
     if w.bootstrap is not None and not has_anchor:
         rows = [w.bootstrap, *rows]
         skip = 1
@@ -288,6 +325,37 @@ def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | N
             [(key, w.tape, first_id, now) for key in w.dedupe_keys],
         )
     return ids
+
+
+_UPSERT_USAGE = (
+    f"INSERT INTO usage ({USAGE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (key, win) DO UPDATE SET messages = messages + excluded.messages,"
+    " tokens_in = tokens_in + excluded.tokens_in, tokens_out = tokens_out + excluded.tokens_out,"
+    " cost = cost + excluded.cost, estimated = estimated + excluded.estimated,"
+    " updated = excluded.updated RETURNING messages"
+)
+
+
+def _add_usage(
+    conn: sqlite3.Connection, adds: Sequence[UsageAdd], now: str
+) -> dict[tuple[str, str], int]:
+    """Add to the counters (inside the caller's transaction); each row's `messages` after."""
+    found = {}
+    for add in adds:
+        found[(add.key, add.window)] = conn.execute(_UPSERT_USAGE, (*add.values(), now)).fetchone()[
+            0
+        ]
+    return found
+
+
+def _add_usage_alone(conn: sqlite3.Connection, adds: Sequence[UsageAdd], now: str) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _add_usage(conn, adds, now)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _marks(values: Sequence[object]) -> str:

@@ -11,6 +11,7 @@ from .context import Selector, default_selector, visible
 from .entries import TapeEntry
 from .names import sidecar_name, tape_name
 from .store import TapeStore
+from .usage import Counting
 
 BOOTSTRAP_ANCHOR = "session/start"
 
@@ -51,15 +52,20 @@ class Tape:
         return written[0]
 
     async def append_many(
-        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+        self,
+        entries: Sequence[TapeEntry],
+        *,
+        bootstrap: bool = False,
+        usage: Counting | None = None,
     ) -> list[TapeEntry]:
         """Append entries in one transaction (after `session/start` if `bootstrap` and the
-        tape has no anchor yet)."""
+        tape has no anchor yet), adding `usage` to its counters in the same transaction."""
         written = await self.store.append_many(
             self.name,
             entries,
             session_id=self.session_id,
             bootstrap=self.bootstrap_anchor() if bootstrap else None,
+            usage=usage,
         )
         assert written is not None
         return written
