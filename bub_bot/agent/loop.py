@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..budgets import Budgets, Payer, step_usage
 from ..config import Settings
 from ..secrets import Scrubber
-from ..tape import Tape, TapeEntry, default_selector, visible
+from ..tape import Counting, Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
@@ -56,6 +57,9 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.budgets: Budgets | None = None
+        """Checked before each model call; each call's usage is written with its `run` event
+        (the runtime sets it; None: nothing counted)."""
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
@@ -106,6 +110,7 @@ class Agent:
         ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
+        payer = payer_of(origin, tape.session_id or "")
         seen_through = 0
         auto_handed_off = False
         step = 0
@@ -132,6 +137,27 @@ class Agent:
                 },
                 *selector(entries),
             ]
+            if self.budgets is not None:
+                # Before every call: a call in flight when the budget ran out finishes its step.
+                spent = await self.budgets.check(payer)
+                if spent is not None:
+                    self._notify("refusal", {"reason": spent.reason})
+                    log.info(
+                        "budget.spent session=%s turn=%s scope=%s step=%d",
+                        tape.session_id,
+                        turn_id,
+                        spent.scope,
+                        step,
+                    )
+                    return await self._end(
+                        tape,
+                        "budget",
+                        spent.text(),
+                        step - 1,
+                        seen_through,
+                        usage_total,
+                        auto_handoff=auto_handed_off,
+                    )
             try:
                 schemas = [t.schema() for t in tools]
                 reply = await self.model.complete(messages, schemas, on_progress=progress)
@@ -204,6 +230,7 @@ class Agent:
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
             self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
+            counting = self._count(payer, origin, reply, messages)
             run_event = TapeEntry.event(
                 "run",
                 {
@@ -230,7 +257,8 @@ class Agent:
                             {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
                             context=False,
                         ),
-                    ]
+                    ],
+                    usage=counting,
                 )
                 self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
                 return TurnResult(
@@ -261,7 +289,7 @@ class Agent:
                 step_entries.extend(await _turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await tape.append_many(step_entries)
+            await tape.append_many(step_entries, usage=counting)
 
         note = (
             f"I stopped after {self.settings.max_steps} steps without a final answer."
@@ -270,6 +298,29 @@ class Agent:
         return await self._end(
             tape, "max_steps", note, step, seen_through, usage_total, auto_handoff=auto_handed_off
         )
+
+    def _count(
+        self, payer: Payer, origin: Origin, reply: ModelReply, sent: list[dict[str, Any]]
+    ) -> Counting | None:
+        """The counters this call adds, written with its `run` event (one transaction)."""
+        if self.budgets is None:
+            return None
+        answer = reply.content + "".join(
+            str(c.get("function", {}).get("arguments", "")) for c in reply.tool_calls
+        )
+        used = step_usage(reply.usage, sent, answer)
+        cost = self.budgets.cost(reply.model, used)
+        self._notify(
+            "usage",
+            {
+                "channel": origin.channel,
+                "model": reply.model,
+                "tokens_in": used.tokens_in,
+                "tokens_out": used.tokens_out,
+                "cost": cost,
+            },
+        )
+        return self.budgets.step(payer, reply.model, used)
 
     async def _run_tools(self, ctx: ToolContext, tape: Tape, reply: ModelReply) -> list[TapeEntry]:
         """Run the step's tool calls concurrently; results keep their `tool_call_id`s."""
@@ -335,6 +386,15 @@ class Agent:
         return TurnResult(
             status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]
         )
+
+
+def payer_of(origin: Origin, session_id: str) -> Payer:
+    """Whom a turn's model calls are charged to: `origin.payer` when given (subagents,
+    approvals), else the sender of the message it answers (a scheduled job's creator)."""
+    meta: dict[str, Any] = {"channel": origin.channel, "sender": origin.sender}
+    if origin.payer:
+        meta["payer"] = origin.payer
+    return Payer.of(origin.session_id or session_id, meta)
 
 
 async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:

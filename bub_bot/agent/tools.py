@@ -28,6 +28,9 @@ class Origin:
     reply_target: dict[str, Any] = field(default_factory=dict)
     sender: dict[str, Any] = field(default_factory=dict)
     via: str = ""
+    payer: dict[str, Any] = field(default_factory=dict)
+    """The message's `meta.payer` when work runs for someone other than its sender (a
+    subagent, an approval's continuation): budgets charge them (bub_bot/budgets/payer.py)."""
 
 
 @dataclass

@@ -15,6 +15,8 @@ from typing import Any
 from .. import commands
 from ..agent import Agent, skills, summary_note
 from ..agent.model import ModelError
+from ..budgets import Payer, step_usage
+from ..budgets.report import usage_all_text, usage_text
 from ..config import Settings
 from ..schedules.book import ScheduleBook, jobs_text
 from ..tape import Tape, TapeEntry
@@ -62,7 +64,7 @@ class CommandRunner:
             if parsed.name == "reset":
                 await self._reset(session, command)
                 return
-            text = await self._text(session, parsed)
+            text = await self._text(session, parsed, command)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -114,10 +116,20 @@ class CommandRunner:
         session.cursor = 0
         self._emit("command", name="reset")
 
-    async def _text(self, session: Session, command: commands.Command) -> str:
+    async def _text(self, session: Session, command: commands.Command, entry: TapeEntry) -> str:
         tape = session.tape
+        payer = Payer.of(session.id, entry.meta)
         if command.name == "handoff":
-            return await self._handoff(session, command)
+            return await self._handoff(session, command, payer)
+        if command.name == "usage":
+            budgets = self.agent.budgets
+            if budgets is None:
+                return "Usage is not counted here."
+            if command.args == "all":
+                if not budgets.is_admin(payer.user):
+                    return "Only admins (BUB_ADMINS) can see /usage all. /usage shows your own."
+                return await usage_all_text(budgets)
+            return await usage_text(budgets, payer)
         if command.name == "status":
             info = await tape.info()
             usage = info.last_usage or {}
@@ -157,11 +169,16 @@ class CommandRunner:
             return f"This conversation has no scheduled job {command.args}. See /schedules."
         return f"Removed scheduled job {removed.id}: {removed.data.get('prompt', '')}"
 
-    async def _handoff(self, session: Session, command: commands.Command) -> str:
+    async def _handoff(self, session: Session, command: commands.Command, payer: Payer) -> str:
         tape: Tape = session.tape
         summary = command.args
         note = ""
-        if not summary:
+        budgets = self.agent.budgets
+        spent = await budgets.check(payer) if budgets is not None and not summary else None
+        if spent is not None:
+            self._emit("refusal", reason=spent.reason)
+            note = f" No summary was written: {spent.text()}"
+        elif not summary:
             try:
                 context = await tape.read_messages()
                 # `timeout` bounds the whole call (the model client's own deadline).
@@ -170,6 +187,10 @@ class CommandRunner:
                     timeout=self.settings.handoff_summary_timeout_seconds,
                 )
                 summary = (reply.content or "").strip()
+                if budgets is not None:
+                    # A summary counts for whoever asked for the handoff.
+                    used = step_usage(reply.usage, context, reply.content or "")
+                    await budgets.charge(payer, reply.model, used)
             except (TimeoutError, ModelError) as exc:
                 log.warning("handoff.summary_failed session=%s: %s", session.id, exc)
                 note = " The model could not write a summary, so this phase starts without one."
