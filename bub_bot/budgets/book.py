@@ -115,17 +115,21 @@ class Budgets:
         limits = self.limits_for(session_id)
         payer = Payer.of(session_id, entry.meta)
         now = self.now()
-        adds = [UsageAdd(f"c:{session_id}", now.day, 1), UsageAdd("t", now.day, 1)]
+        # Each (key, window) once: a `/day` rate reads the day's message counter itself.
+        windows = [(f"c:{session_id}", now.day), ("t", now.day)]
         if payer.user:
-            adds.append(UsageAdd(f"u:{payer.user}", now.day, 1))
+            windows.append((f"u:{payer.user}", now.day))
         checks: list[tuple[int, str, int, str]] = []  # (add index, scope, limit, unit)
         rated = [("conversation", f"c:{session_id}", limits.conversation_rates)]
         if payer.user and not self.is_admin(payer.user):
             rated.append(("user", f"u:{payer.user}", limits.user_rates))
         for scope, key, rates in rated:
             for rate in rates:
-                checks.append((len(adds), scope, rate.count, rate.unit))
-                adds.append(UsageAdd(key, now.key(rate.unit), 1))
+                window = (key, now.key(rate.unit))
+                if window not in windows:
+                    windows.append(window)
+                checks.append((windows.index(window), scope, rate.count, rate.unit))
+        adds = [UsageAdd(key, window, 1) for key, window in windows]
         if not checks:
             return Counting(tuple(adds))
 
