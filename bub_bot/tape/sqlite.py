@@ -328,23 +328,28 @@ def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | N
 
 
 _UPSERT_USAGE = (
-    f"INSERT INTO usage ({USAGE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO usage ({USAGE_COLUMNS}, updated) VALUES {{values}}"
     " ON CONFLICT (key, win) DO UPDATE SET messages = messages + excluded.messages,"
     " tokens_in = tokens_in + excluded.tokens_in, tokens_out = tokens_out + excluded.tokens_out,"
     " cost = cost + excluded.cost, estimated = estimated + excluded.estimated,"
-    " updated = excluded.updated RETURNING messages"
+    " updated = excluded.updated RETURNING key, win, messages"
 )
+_UPSERT_ROWS = 100
+"""Counter rows per statement (far below SQLite's limit of bound parameters)."""
 
 
 def _add_usage(
     conn: sqlite3.Connection, adds: Sequence[UsageAdd], now: str
 ) -> dict[tuple[str, str], int]:
-    """Add to the counters (inside the caller's transaction); each row's `messages` after."""
+    """Add to the counters (inside the caller's transaction), a hundred rows a statement;
+    each row's `messages` after."""
     found = {}
-    for add in adds:
-        found[(add.key, add.window)] = conn.execute(_UPSERT_USAGE, (*add.values(), now)).fetchone()[
-            0
-        ]
+    for start in range(0, len(adds), _UPSERT_ROWS):
+        part = adds[start : start + _UPSERT_ROWS]
+        sql = _UPSERT_USAGE.format(values=",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(part)))
+        args = [v for add in part for v in (*add.values(), now)]
+        for key, win, messages in conn.execute(sql, args).fetchall():
+            found[(key, win)] = messages
     return found
 
 
