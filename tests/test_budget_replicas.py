@@ -5,6 +5,7 @@ model call in flight per replica)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,8 +25,9 @@ BUDGET = 1000
 async def replicas(pg_url: str, settings: Callable[..., Any]) -> AsyncIterator[Callable[..., Any]]:
     made: list[tuple[Runtime, TapeStore, Agent]] = []
 
-    async def make(owner: str) -> tuple[Runtime, RuntimeChannel]:
-        conf = settings(budget_total=f"{BUDGET}/day", max_concurrent_turns=1)
+    async def make(owner: str, **overrides: Any) -> tuple[Runtime, RuntimeChannel]:
+        values = {"budget_total": f"{BUDGET}/day", "max_concurrent_turns": 1, **overrides}
+        conf = settings(**values)
         store = await open_store(pg_url)
         agent = Agent(conf, ModelClient(conf), default_registry())
         channel = RuntimeChannel()
@@ -72,3 +74,29 @@ async def test_two_replicas_enforce_one_total_budget(replicas, fake_openai: Fake
     await until(lambda: len(ch3.texts("c9")) == 1, timeout=20)
     assert "is used up" in ch3.texts("c9")[0]
     assert len(fake_openai.completion_requests()) == calls
+
+
+async def test_one_rate_note_per_window_across_replicas(replicas, fake_openai: FakeOpenAI) -> None:
+    """Messages of one person in one conversation arrive at both replicas at once: two are
+    answered, the rest stored refused, and exactly one of them gets the note."""
+    fake_openai.latency = 0.02
+    (one, ch1), (_two, ch2) = (
+        await replicas("one", limit_user="2/hour"),
+        await replicas("two", limit_user="2/hour"),
+    )
+    await asyncio.gather(
+        *((ch1 if n % 2 else ch2).say(f"m{n}", "a", key=f"a-{n}", sender="u1") for n in range(8))
+    )
+    await until(lambda: len(ch1.texts("a")) + len(ch2.texts("a")) >= 2, timeout=20)
+    await asyncio.sleep(0.5)  # nothing more comes
+    texts = ch1.texts("a") + ch2.texts("a")
+    notes = [t for t in texts if "faster than this bot allows" in t]
+    assert len(notes) == 1
+    entries = await one.store.query(
+        (await one.session_tape("test:a")).name, kinds=["message"], names=["user"]
+    )
+    assert sum(1 for e in entries if "refused" not in e.meta) == 2
+    assert sum(1 for e in entries if e.meta.get("refused", {}).get("note")) == 1
+    sent = [str(r.body) for r in fake_openai.completion_requests()]
+    refused = [e.payload["content"] for e in entries if "refused" in e.meta]
+    assert len(refused) == 6 and not any(f"'{m}'" in b for m in refused for b in sent)
