@@ -68,3 +68,11 @@ async def test_restart_keeps_counters(tmp_path: Path) -> None:
     async with open_store(url) as store:
         (row,) = await store.usage(["t"], "d:1", "d:1")
     assert row.tokens_in == 7
+
+
+async def test_prune_drops_only_old_short_windows(any_store: TapeStore) -> None:
+    windows = ["m:2026-12-01T23:59", "m:2026-12-02T00:00", "h:2026-11-30T10", "d:2026-11-01"]
+    await any_store.add_usage([UsageAdd("u:a", w, 1) for w in windows] + [UsageAdd("M:x", "M:1")])
+    assert await any_store.prune_usage(["h:2026-12-02", "m:2026-12-02"]) == 2
+    rows = await any_store.usage(["u:a"], "", "zz")
+    assert sorted(r.window for r in rows) == ["d:2026-11-01", "m:2026-12-02T00:00"]

@@ -83,6 +83,7 @@ class Budgets:
         self.zone = zone_named(zone)
         self.workspaces = workspaces
         self.clock = clock
+        self._pruned = 0.0
 
     @classmethod
     def for_settings(
@@ -93,6 +94,16 @@ class Budgets:
         if settings.workspace_map is not None:
             workspaces = load_workspace_map(settings.workspace_map, settings.workspace)
         return cls(store, limits_from(settings), settings.timezone, workspaces, clock)
+
+    async def prune(self) -> int:
+        """Drop minute and hour windows older than yesterday (at most once an hour per
+        process; any replica may: deleting is idempotent). Days and months stay: reports."""
+        now = self.clock()
+        if now - self._pruned < 3600:
+            return 0
+        self._pruned = now
+        yesterday = Moment.at(now - 86400, self.zone).local.strftime("%Y-%m-%d")
+        return await self.store.prune_usage([f"h:{yesterday}", f"m:{yesterday}"])
 
     def now(self) -> Moment:
         return Moment.at(self.clock(), self.zone)

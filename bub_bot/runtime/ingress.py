@@ -155,6 +155,8 @@ class Ingress:
             f" command=/{command}" if command is not None else "",
         )
         self._emit("inbound", channel=arrival.channel, outcome="new")
+        if self.budgets is not None and self.budgets.limits.any_rate:
+            await self.budgets.prune()  # housekeeping of short windows, hourly
         await self.wake(session_id, workspace, entry)
         return Received(new=True, entry_id=entry.id)
 

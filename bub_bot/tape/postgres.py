@@ -428,6 +428,18 @@ class PostgresTapeStore(StoreBase):
             )
         return [row_usage(r) for r in rows]
 
+    async def prune_usage(self, before: Sequence[str]) -> int:
+        """Delete the rows of windows older than each of `before` (see TapeStore)."""
+        if not before:
+            return 0
+        where = " OR ".join(
+            f"(win >= ${2 * i + 1} AND win < ${2 * i + 2})" for i in range(len(before))
+        )
+        args = [v for b in before for v in (b[:2], b)]
+        async with self.pool.acquire() as conn:
+            status = await conn.execute(f"DELETE FROM bub_usage WHERE {where}", *args)
+        return int(status.split()[-1])
+
     async def top_usage(
         self, prefix: str, first: str, last: str, *, limit: int = 10
     ) -> list[UsageRow]:

@@ -143,6 +143,14 @@ class SQLiteTapeStore(StoreBase):
         args = (*keys, first, last)
         return await self._run(lambda c: [row_usage(r) for r in c.execute(sql, args)])
 
+    async def prune_usage(self, before: Sequence[str]) -> int:
+        """Delete the rows of windows older than each of `before` (see TapeStore)."""
+        if not before:
+            return 0
+        where = " OR ".join("(win >= ? AND win < ?)" for _ in before)
+        args = [v for b in before for v in (b[:2], b)]
+        return await self._run(_prune_usage, f"DELETE FROM usage WHERE {where}", args)
+
     async def top_usage(
         self, prefix: str, first: str, last: str, *, limit: int = 10
     ) -> list[UsageRow]:
@@ -351,6 +359,17 @@ def _add_usage(
         for key, win, messages in conn.execute(sql, args).fetchall():
             found[(key, win)] = messages
     return found
+
+
+def _prune_usage(conn: sqlite3.Connection, sql: str, args: list[str]) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        count = conn.execute(sql, args).rowcount
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return count
 
 
 def _add_usage_alone(conn: sqlite3.Connection, adds: Sequence[UsageAdd], now: str) -> None:

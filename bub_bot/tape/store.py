@@ -209,6 +209,10 @@ class TapeStore(Protocol):
         """Keys starting with `prefix`, their rows with `first <= window <= last` summed,
         most tokens first (`window` is then the key's first window in the range)."""
 
+    async def prune_usage(self, before: Sequence[str]) -> int:
+        """Delete the rows of windows older than each of `before` (`m:2026-12-01` drops every
+        `m:` window before that day): short windows only matter while they last."""
+
     # -- jobs: durable timers (tape/jobs.py) ---------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
         """Store a new job. With `limit`: only while its session has fewer than `limit` jobs
