@@ -363,10 +363,16 @@ class Settings(BaseSettings):
                 raise ConfigError(str(exc)) from None
         if self.skills_dir is not None and not self.skills_dir.expanduser().is_dir():
             raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
+        rules = []
         if self.workspace_map is not None:
-            load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
+            # ConfigError: the rule
+            rules = load_workspace_map(self.workspace_map, self.workspace).rules
         try:
-            check_priced(limits_from(self), self.model)  # the limits: one line naming one
+            limits = limits_from(self)  # the limits: one line naming one
+            check_priced(limits, self.model)
+            for rule in rules:
+                if rule.limits is not None:
+                    check_priced(limits.with_rule(rule.limits), self.model)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return self

@@ -223,8 +223,11 @@ def check_priced(limits: Limits, model: str) -> None:
     money = [
         name
         for name, budgets in (
-            ("BUB_BUDGET_USER", limits.user_budgets),
-            ("BUB_BUDGET_CONVERSATION", limits.conversation_budgets),
+            ("BUB_BUDGET_USER (or a workspace rule's budget_user)", limits.user_budgets),
+            (
+                "BUB_BUDGET_CONVERSATION (or a workspace rule's budget_conversation)",
+                limits.conversation_budgets,
+            ),
             ("BUB_BUDGET_TOTAL", limits.total_budgets),
         )
         if any(b.money for b in budgets)

@@ -40,7 +40,7 @@ def test_rates_budgets_and_prices_parse() -> None:
         ("budget_total", "$5k/day", "BUB_BUDGET_TOTAL: '$5k/day': a money budget is in dollars"),
         ("model_prices", "gpt-4o=cheap", "BUB_MODEL_PRICES: 'gpt-4o=cheap' is not a price"),
         ("admins", "U123", "BUB_ADMINS: 'U123' is not <channel>:<user id>"),
-        ("budget_conversation", "$1/day", "BUB_BUDGET_CONVERSATION is in dollars but"),
+        ("budget_conversation", "$1/day", "BUB_BUDGET_CONVERSATION (or a workspace rule"),
     ],
 )
 def test_bad_settings_stop_the_start_with_one_line(
@@ -77,3 +77,20 @@ def test_calendar_windows_in_the_operator_zone() -> None:
     # the day DST ends is 25 hours long; the next day starts at local midnight all the same
     autumn = Moment.at(datetime(2026, 10, 25, 12, tzinfo=UTC).timestamp(), berlin)
     assert autumn.end("day").isoformat() == "2026-10-26T00:00:00+01:00"
+
+
+def test_a_workspace_rule_budget_in_dollars_needs_a_price(tmp_path: Path) -> None:
+    rules = tmp_path / "map.json"
+    rule = {"match": "x:*", "path": str(tmp_path), "limits": {"budget_user": "$1/day"}}
+    rules.write_text(json.dumps({"workspaces": [rule]}))
+    with pytest.raises(ConfigError, match="is in dollars but BUB_MODEL_PRICES has no price"):
+        load_settings(require_model=False, home=tmp_path, _env_file=None, workspace_map=rules)
+    ok = load_settings(
+        require_model=False,
+        home=tmp_path,
+        _env_file=None,
+        workspace_map=rules,
+        model="m",
+        model_prices="m=1/2",
+    )
+    assert ok.model_prices == "m=1/2"
