@@ -215,6 +215,7 @@ async def _copy(source_url: str, destination_url: str, settings: Settings) -> in
     print(
         f"{report.tapes} tapes, {report.entries:,} entries and {report.dedupe_keys:,} dedupe"
         " keys copied; entry counts verified"
+        + (f"; {report.usage_rows:,} usage counter rows copied" if report.usage_rows else "")
         + (f"; {len(report.failed)} tape(s) NOT copied" if report.failed else "")
     )
     if report.failed:

@@ -76,3 +76,17 @@ async def test_prune_drops_only_old_short_windows(any_store: TapeStore) -> None:
     assert await any_store.prune_usage(["h:2026-12-02", "m:2026-12-02"]) == 2
     rows = await any_store.usage(["u:a"], "", "zz")
     assert sorted(r.window for r in rows) == ["d:2026-11-01", "m:2026-12-02T00:00"]
+
+
+async def test_tapes_copy_carries_the_counters_once(tmp_path: Path, pg_url: str) -> None:
+    from bub_bot.tape.copy import copy_tapes
+
+    async with open_store(f"sqlite:///{tmp_path / 'src.db'}") as src, open_store(pg_url) as dst:
+        adds = [UsageAdd(f"u:web:{n}", "d:2026-12-02", 1, n, n) for n in range(25)]
+        await src.add_usage([*adds, UsageAdd("t", "d:2026-12-02", 25, 300, 300, 9)])
+        first = await copy_tapes(src, dst, batch=10)
+        again = await copy_tapes(src, dst, batch=10)
+        assert (first.usage_rows, again.usage_rows) == (26, 0)
+        (total,) = await dst.usage(["t"], "d:2026-12-02", "d:2026-12-02")
+        assert (total.messages, total.tokens, total.cost) == (25, 600, 9)
+        assert len(await dst.usage_records(limit=100)) == 26

@@ -428,6 +428,44 @@ class PostgresTapeStore(StoreBase):
             )
         return [row_usage(r) for r in rows]
 
+    async def usage_records(
+        self, *, after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UsageRow]:
+        """Counter rows after (key, window) `after`, in that order."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {USAGE_COLUMNS} FROM bub_usage WHERE (key, win) > ($1, $2)"
+                " ORDER BY key, win LIMIT $3",
+                after[0],
+                after[1],
+                limit,
+            )
+        return [row_usage(r) for r in rows]
+
+    async def add_usage_records(self, rows: Sequence[UsageRow]) -> int:
+        """Store counter rows the database does not have yet; how many were new."""
+        if not rows:
+            return 0
+        columns = [
+            list(c)
+            for c in zip(
+                *(
+                    (r.key, r.window, r.messages, r.tokens_in, r.tokens_out, r.cost, r.estimated)
+                    for r in rows
+                ),
+                strict=True,
+            )
+        ]
+        async with self.pool.acquire() as conn:
+            status = await conn.execute(
+                "INSERT INTO bub_usage (key, win, messages, tokens_in, tokens_out, cost,"
+                " estimated, updated) SELECT k, w, m, ti, tt, c, e, $8 FROM unnest("
+                f"{_USAGE_ARRAYS}) AS a(k, w, m, ti, tt, c, e) ON CONFLICT (key, win) DO NOTHING",
+                *columns,
+                utc_now(),
+            )
+        return int(status.split()[-1])
+
     async def prune_usage(self, before: Sequence[str]) -> int:
         """Delete the rows of windows older than each of `before` (see TapeStore)."""
         if not before:

@@ -143,6 +143,27 @@ class SQLiteTapeStore(StoreBase):
         args = (*keys, first, last)
         return await self._run(lambda c: [row_usage(r) for r in c.execute(sql, args)])
 
+    async def usage_records(
+        self, *, after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UsageRow]:
+        """Counter rows after (key, window) `after`, in that order."""
+        sql = (
+            f"SELECT {USAGE_COLUMNS} FROM usage WHERE key > ? OR (key = ? AND win > ?)"
+            " ORDER BY key, win LIMIT ?"
+        )
+        args = (after[0], after[0], after[1], limit)
+        return await self._run(lambda c: [row_usage(r) for r in c.execute(sql, args)])
+
+    async def add_usage_records(self, rows: Sequence[UsageRow]) -> int:
+        """Store counter rows the database does not have yet; how many were new."""
+        sql = f"INSERT INTO usage ({USAGE_COLUMNS}, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        sql += " ON CONFLICT (key, win) DO NOTHING"
+        values = [
+            (r.key, r.window, r.messages, r.tokens_in, r.tokens_out, r.cost, r.estimated, utc_now())
+            for r in rows
+        ]
+        return await self._run(_insert_counting, sql, values)
+
     async def prune_usage(self, before: Sequence[str]) -> int:
         """Delete the rows of windows older than each of `before` (see TapeStore)."""
         if not before:
@@ -359,6 +380,19 @@ def _add_usage(
         for key, win, messages in conn.execute(sql, args).fetchall():
             found[(key, win)] = messages
     return found
+
+
+def _insert_counting(conn: sqlite3.Connection, sql: str, values: list[tuple[Any, ...]]) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        before = conn.total_changes
+        conn.executemany(sql, values)
+        count = conn.total_changes - before
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return count
 
 
 def _prune_usage(conn: sqlite3.Connection, sql: str, args: list[str]) -> int:

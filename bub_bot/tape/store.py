@@ -209,6 +209,15 @@ class TapeStore(Protocol):
         """Keys starting with `prefix`, their rows with `first <= window <= last` summed,
         most tokens first (`window` is then the key's first window in the range)."""
 
+    async def usage_records(
+        self, *, after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UsageRow]:
+        """Counter rows after (key, window) `after`, in that order (for paging: copies)."""
+
+    async def add_usage_records(self, rows: Sequence[UsageRow]) -> int:
+        """Store counter rows that the database does not have yet (a (key, window) it has
+        is left as it is, so copying twice copies nothing); returns how many were new."""
+
     async def prune_usage(self, before: Sequence[str]) -> int:
         """Delete the rows of windows older than each of `before` (`m:2026-12-01` drops every
         `m:` window before that day): short windows only matter while they last."""
