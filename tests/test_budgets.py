@@ -186,3 +186,15 @@ async def test_scheduled_and_subagent_turns_count_for_their_payer(
     # a restart (a new Budgets on the same database) sees the same counters
     again = Budgets.for_settings(store, built.settings)
     assert (await again.rows(["t"]))["t"][0].tokens == total
+
+
+async def test_no_handoff_summary_when_the_askers_budget_is_spent(limited, fake_openai) -> None:
+    runtime, channel, _ = limited(budget_user="100/day")
+    fake_openai.script(text("answer", usage=USED))
+    await say(runtime, channel, "hello")
+    await say(runtime, channel, "/handoff")
+    assert channel.texts("a")[-1] == (
+        "Handed off (handoff). No summary was written: your daily budget (100 tokens/day) is"
+        " used up."
+    )
+    assert len(fake_openai.completion_requests()) == 1

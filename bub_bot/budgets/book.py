@@ -38,12 +38,17 @@ class Spent:
     def reason(self) -> str:
         return f"budget_{self.scope}"
 
-    def text(self) -> str:
+    def what(self) -> str:
+        """`Your daily budget (200000 tokens/day) is used up`."""
         whose = {"user": "Your", "conversation": "This conversation's", "total": "The bot's"}
         return (
             f"{whose[self.scope]} {'daily' if self.budget.unit == 'day' else 'monthly'} budget"
-            f" ({self.budget.text()}) is used up, so I stopped here. It resets {self.until}."
+            f" ({self.budget.text()}) is used up"
         )
+
+    def text(self) -> str:
+        """The note a turn stopped by the budget ends with."""
+        return f"{self.what()}, so I stopped here. It resets {self.until}."
 
 
 @dataclass(frozen=True, slots=True)

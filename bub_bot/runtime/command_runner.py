@@ -177,7 +177,7 @@ class CommandRunner:
         spent = await budgets.check(payer) if budgets is not None and not summary else None
         if spent is not None:
             self._emit("refusal", reason=spent.reason)
-            note = f" No summary was written: {spent.text()}"
+            note = f" No summary was written: {spent.what()[0].lower()}{spent.what()[1:]}."
         elif not summary:
             try:
                 context = await tape.read_messages()
