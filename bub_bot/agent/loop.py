@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..budgets import Budgets, Payer, step_usage
+from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
-from ..tape import Counting, Tape, TapeEntry, default_selector, visible
+from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector
-from . import spill
+from . import metering, spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
@@ -110,7 +110,7 @@ class Agent:
         ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
-        payer = payer_of(origin, tape.session_id or "")
+        payer = metering.payer_of(origin, tape.session_id or "")
         seen_through = 0
         auto_handed_off = False
         step = 0
@@ -230,7 +230,11 @@ class Agent:
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
             self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
-            counting = self._count(payer, origin, reply, messages)
+            counting = None
+            if self.budgets is not None:
+                counting = metering.step_counting(
+                    self.budgets, payer, reply, messages, origin.channel, self._notify
+                )
             run_event = TapeEntry.event(
                 "run",
                 {
@@ -299,29 +303,6 @@ class Agent:
             tape, "max_steps", note, step, seen_through, usage_total, auto_handoff=auto_handed_off
         )
 
-    def _count(
-        self, payer: Payer, origin: Origin, reply: ModelReply, sent: list[dict[str, Any]]
-    ) -> Counting | None:
-        """The counters this call adds, written with its `run` event (one transaction)."""
-        if self.budgets is None:
-            return None
-        answer = reply.content + "".join(
-            str(c.get("function", {}).get("arguments", "")) for c in reply.tool_calls
-        )
-        used = step_usage(reply.usage, sent, answer)
-        cost = self.budgets.cost(reply.model, used)
-        self._notify(
-            "usage",
-            {
-                "channel": origin.channel,
-                "model": reply.model,
-                "tokens_in": used.tokens_in,
-                "tokens_out": used.tokens_out,
-                "cost": cost,
-            },
-        )
-        return self.budgets.step(payer, reply.model, used)
-
     async def _run_tools(self, ctx: ToolContext, tape: Tape, reply: ModelReply) -> list[TapeEntry]:
         """Run the step's tool calls concurrently; results keep their `tool_call_id`s."""
 
@@ -386,15 +367,6 @@ class Agent:
         return TurnResult(
             status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]
         )
-
-
-def payer_of(origin: Origin, session_id: str) -> Payer:
-    """Whom a turn's model calls are charged to: `origin.payer` when given (subagents,
-    approvals), else the sender of the message it answers (a scheduled job's creator)."""
-    meta: dict[str, Any] = {"channel": origin.channel, "sender": origin.sender}
-    if origin.payer:
-        meta["payer"] = origin.payer
-    return Payer.of(origin.session_id or session_id, meta)
 
 
 async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
