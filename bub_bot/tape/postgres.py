@@ -31,6 +31,7 @@ from .entries import TapeEntry, safe_text, utc_now
 from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
 from .names import SIDECAR_SEP, tape_role
 from .postgres_leases import WAITING, PostgresLeases
+from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
 from .store import (
@@ -51,8 +52,6 @@ from .store import (
     with_ids,
 )
 from .urls import parse_database_url
-from .usage import COLUMNS as USAGE_COLUMNS
-from .usage import Counting, UsageAdd, UsageRow, row_usage
 
 T = TypeVar("T")
 
@@ -61,7 +60,7 @@ class _Refused(Exception):
     """Raised inside a write transaction to roll it back and return None."""
 
 
-class PostgresTapeStore(StoreBase):
+class PostgresTapeStore(PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -399,102 +398,6 @@ class PostgresTapeStore(StoreBase):
             )
         return [DedupeRecord(*r) for r in rows]
 
-    # -- usage counters -----------------------------------------------------------------------
-    async def add_usage(self, adds: Sequence[UsageAdd]) -> None:
-        """Add to counters in one statement (atomic)."""
-        merged = Counting(tuple(adds)).sorted_adds()
-        if not merged:
-            return
-        for attempt in range(3):
-            try:
-                async with self.pool.acquire() as conn:
-                    await conn.fetch(_ADD_USAGE, *_usage_columns(merged), utc_now())
-                return
-            except asyncpg.exceptions.DeadlockDetectedError:
-                if attempt == 2:
-                    raise
-
-    async def usage(self, keys: Sequence[str], first: str, last: str) -> list[UsageRow]:
-        """The counter rows of `keys` with `first <= window <= last`."""
-        if not keys:
-            return []
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {USAGE_COLUMNS} FROM bub_usage WHERE key = ANY($1::text[])"
-                " AND win BETWEEN $2 AND $3",
-                list(keys),
-                first,
-                last,
-            )
-        return [row_usage(r) for r in rows]
-
-    async def usage_records(
-        self, *, after: tuple[str, str] = ("", ""), limit: int = 1000
-    ) -> list[UsageRow]:
-        """Counter rows after (key, window) `after`, in that order."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {USAGE_COLUMNS} FROM bub_usage WHERE (key, win) > ($1, $2)"
-                " ORDER BY key, win LIMIT $3",
-                after[0],
-                after[1],
-                limit,
-            )
-        return [row_usage(r) for r in rows]
-
-    async def add_usage_records(self, rows: Sequence[UsageRow]) -> int:
-        """Store counter rows the database does not have yet; how many were new."""
-        if not rows:
-            return 0
-        columns = [
-            list(c)
-            for c in zip(
-                *(
-                    (r.key, r.window, r.messages, r.tokens_in, r.tokens_out, r.cost, r.estimated)
-                    for r in rows
-                ),
-                strict=True,
-            )
-        ]
-        async with self.pool.acquire() as conn:
-            status = await conn.execute(
-                "INSERT INTO bub_usage (key, win, messages, tokens_in, tokens_out, cost,"
-                " estimated, updated) SELECT k, w, m, ti, tt, c, e, $8 FROM unnest("
-                f"{_USAGE_ARRAYS}) AS a(k, w, m, ti, tt, c, e) ON CONFLICT (key, win) DO NOTHING",
-                *columns,
-                utc_now(),
-            )
-        return int(status.split()[-1])
-
-    async def prune_usage(self, before: Sequence[str]) -> int:
-        """Delete the rows of windows older than each of `before` (see TapeStore)."""
-        if not before:
-            return 0
-        where = " OR ".join(
-            f"(win >= ${2 * i + 1} AND win < ${2 * i + 2})" for i in range(len(before))
-        )
-        args = [v for b in before for v in (b[:2], b)]
-        async with self.pool.acquire() as conn:
-            status = await conn.execute(f"DELETE FROM bub_usage WHERE {where}", *args)
-        return int(status.split()[-1])
-
-    async def top_usage(
-        self, prefix: str, first: str, last: str, *, limit: int = 10
-    ) -> list[UsageRow]:
-        """Keys starting with `prefix`, summed over the windows, most tokens first."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT key, min(win), sum(messages), sum(tokens_in), sum(tokens_out),"
-                " sum(cost), sum(estimated) FROM bub_usage WHERE starts_with(key, $1)"
-                " AND win BETWEEN $2 AND $3 GROUP BY key"
-                " ORDER BY sum(tokens_in) + sum(tokens_out) DESC, key LIMIT $4",
-                prefix,
-                first,
-                last,
-                limit,
-            )
-        return [row_usage(r) for r in rows]
-
 
 # -- SQL helpers --------------------------------------------------------------------------------
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -542,37 +445,6 @@ async def _lock_tape(
     return row["id"], row["last_id"]
 
 
-_USAGE_UPSERT = (
-    "INSERT INTO bub_usage (key, win, messages, tokens_in, tokens_out, cost, estimated, updated)"
-    " SELECT k, w, m, ti, tt, c, e, {now} FROM unnest({arrays})"
-    " AS a(k, w, m, ti, tt, c, e){where}"
-    " ON CONFLICT (key, win) DO UPDATE SET messages = bub_usage.messages + excluded.messages,"
-    " tokens_in = bub_usage.tokens_in + excluded.tokens_in,"
-    " tokens_out = bub_usage.tokens_out + excluded.tokens_out,"
-    " cost = bub_usage.cost + excluded.cost, estimated = bub_usage.estimated + excluded.estimated,"
-    " updated = excluded.updated"
-)
-_USAGE_ARRAYS = (
-    "$1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[]"
-)
-_ADD_USAGE = (
-    _USAGE_UPSERT.format(now="$8", arrays=_USAGE_ARRAYS, where="") + " RETURNING key, win, messages"
-)
-
-
-def _usage_columns(adds: Sequence[UsageAdd]) -> list[list[Any]]:
-    return [list(column) for column in zip(*(a.values() for a in adds), strict=True)]
-
-
-async def _add_usage(
-    conn: asyncpg.Connection, adds: Sequence[UsageAdd], now: str
-) -> dict[tuple[str, str], int]:
-    """Add to the counters (in the caller's transaction); each row's `messages` after. The
-    upsert locks each row: a concurrent add waits and then adds to the committed value."""
-    found = await conn.fetch(_ADD_USAGE, *_usage_columns(adds), now)
-    return {(r[0], r[1]): int(r[2]) for r in found}
-
-
 def _columns(rows: Sequence[Row]) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * 5
 
@@ -598,7 +470,7 @@ _ALLOCATE_AND_INSERT = (
 _ALLOCATE_COUNT_AND_INSERT = _ALLOCATE_AND_INSERT.replace(
     " INSERT INTO bub_entries",
     ", u AS ("
-    + _USAGE_UPSERT.format(
+    + USAGE_UPSERT.format(
         now="$16",
         arrays="$9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],"
         " $14::bigint[], $15::bigint[]",
@@ -627,7 +499,7 @@ async def _allocate_count_and_insert(
         len(w.rows),
         w.session_id,
         *_columns(w.rows),
-        *_usage_columns(w.adds),
+        *usage_columns(w.adds),
         now,
     )
     return sorted(r[0] for r in found) if found else None
@@ -638,7 +510,7 @@ async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
     rows, skip = w.rows, 0
     if w.adds:
         # In the append's transaction (rolled back with it when a dedupe key refuses it).
-        found = await _add_usage(conn, w.adds, now)
+        found = await add_usage(conn, w.adds, now)
         if w.decide is not None:
             rows = w.decide(found) or rows
     if w.if_no_anchor or w.bootstrap is not None:
