@@ -68,6 +68,8 @@ async def test_over_the_message_rate_one_note_per_window_and_no_model_call(
     assert [bool(e.meta.get("refused")) for e in stored] == [False, False, True, True, True, False]
     # nothing refused ever reaches the model, also in later turns
     assert all("m2" not in str(r.body) for r in fake_openai.completion_requests())
+    await say(runtime, channel, "/usage")
+    assert "Messages this minute: 5 of 2" in channel.texts("a")[-1]  # commands do not count
     clock.now += 60  # the next minute: u1 may write again
     await say(runtime, channel, "later")
     assert channel.texts("a")[-1] == "echo: later"

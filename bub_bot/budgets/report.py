@@ -3,7 +3,7 @@ priced) and what is left of each budget; estimated tokens are said to be estimat
 
 from __future__ import annotations
 
-from ..limits import Budget, Limits
+from ..limits import Budget, Limits, Rate
 from ..tape import UsageRow
 from .book import Budgets
 from .payer import Payer
@@ -38,6 +38,21 @@ def left_text(budgets: tuple[Budget, ...], today: UsageRow, month: UsageRow) -> 
     return lines
 
 
+UNIT_NOW = {"minute": "this minute", "hour": "this hour", "day": "today", "month": "this month"}
+
+
+async def rates_text(budgets: Budgets, key: str, rates: tuple[Rate, ...]) -> list[str]:
+    """`  Messages this minute: 3 of 20` per rate, from the window counters."""
+    now = budgets.now()
+    lines = []
+    for rate in rates:
+        window = now.key(rate.unit)
+        found = await budgets.store.usage([key], window, window)
+        used = found[0].messages if found else 0
+        lines.append(f"  Messages {UNIT_NOW[rate.unit]}: {used} of {rate.count}")
+    return lines
+
+
 async def usage_text(budgets: Budgets, payer: Payer) -> str:
     """The `/usage` reply: the person's own use, and the conversation's."""
     limits: Limits = budgets.limits_for(payer.conversation)
@@ -55,13 +70,14 @@ async def usage_text(budgets: Budgets, payer: Payer) -> str:
             lines.append("  Admins have no per-person limits (the bot's total still applies).")
         else:
             lines += left_text(limits.user_budgets, today, month)
-            lines += [f"  Messages: at most {r.count} per {r.unit}" for r in limits.user_rates]
+            lines += await rates_text(budgets, f"u:{payer.user}", limits.user_rates)
     today, month = found[f"c:{payer.conversation}"]
     lines.append("This conversation:")
     lines.append(f"  Today: {use_text(today, priced)}")
     lines.append(f"  This month: {use_text(month, priced)}")
     lines += left_text(limits.conversation_budgets, today, month)
-    lines += [f"  Messages: at most {r.count} per {r.unit}" for r in limits.conversation_rates]
+    key = f"c:{payer.conversation}"
+    lines += await rates_text(budgets, key, limits.conversation_rates)
     if limits.total_budgets:
         total_today, total_month = (await budgets.rows(["t"]))["t"]
         lines.append("The bot as a whole:")
