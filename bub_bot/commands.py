@@ -1,5 +1,5 @@
 """Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /usage
-/help.
+/stop /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -26,6 +26,7 @@ USAGE = {
     "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
     "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
     "usage": "/usage [all] — your use today and this month and what is left (all: everyone's, admins only)",
+    "stop": "/stop [id] — stop background work (one subagent by its id from /status, or all)",
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
@@ -100,6 +101,10 @@ def _check(name: str, args: str) -> Command:
         if args.lower() not in ("", "all"):
             return Command(name, args, f"usage takes nothing or all. Usage: {USAGE[name]}")
         return Command(name, args.lower())
+    if name == "stop":
+        if args and not _JOB_ID_RE.fullmatch(args):
+            return Command(name, args, f"give one id, or none for all. Usage: {USAGE[name]}")
+        return Command(name, args)
     if name == "unschedule":
         if not _JOB_ID_RE.fullmatch(args):
             return Command(name, args, f"give one job id. Usage: {USAGE[name]}")

@@ -22,6 +22,15 @@ def payer_of(origin: Origin, session_id: str) -> Payer:
     return Payer.of(origin.session_id or session_id, meta)
 
 
+def charge_of(origin: Origin, session_id: str, parent: dict[str, Any] | None) -> Payer:
+    """Whom a turn's model calls are charged to: a subagent's `parent` payer (its parent
+    turn's origin: session, channel, sender) when given, else `payer_of(origin)`."""
+    if parent is None:
+        return payer_of(origin, session_id)
+    meta = {"channel": parent.get("channel", ""), "sender": parent.get("sender") or {}}
+    return Payer.of(str(parent.get("session_id") or session_id), meta)
+
+
 def step_counting(
     budgets: Budgets,
     payer: Payer,

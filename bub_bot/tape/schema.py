@@ -80,8 +80,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_due ON jobs (due);
 CREATE INDEX IF NOT EXISTS jobs_by_session ON jobs (session_id, kind);
 """,
-    # Usage counters (tape/usage.py): one row per key and window, incremented in place.
+    # Forks (tape/forks.py): a fork's row names its parent tape and the parent's last id at
+    # the fork point (`base`); the fork's own entries continue at base + 1.
     4: """
+ALTER TABLE tapes ADD COLUMN parent TEXT;
+ALTER TABLE tapes ADD COLUMN base INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS tapes_by_parent ON tapes (parent) WHERE parent IS NOT NULL;
+""",
+    # Usage counters (tape/usage.py): one row per key and window, incremented in place.
+    5: """
 CREATE TABLE IF NOT EXISTS usage (
     key         TEXT NOT NULL,
     win         TEXT NOT NULL,
@@ -208,9 +215,16 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX bub_jobs_by_due ON bub_jobs (due)",
         "CREATE INDEX bub_jobs_by_session ON bub_jobs (session_id, kind)",
     ),
+    # Forks (tape/forks.py): a fork's row names its parent tape and the parent's last id at
+    # the fork point (`base`); the fork's `last_id` starts there.
+    5: (
+        'ALTER TABLE bub_tapes ADD COLUMN parent text COLLATE "C"',
+        "ALTER TABLE bub_tapes ADD COLUMN base bigint NOT NULL DEFAULT 0",
+        "CREATE INDEX bub_tapes_by_parent ON bub_tapes (parent) WHERE parent IS NOT NULL",
+    ),
     # Usage counters (tape/usage.py): one row per key and window, incremented in place by an
     # upsert, so every replica adds to the same row.
-    5: (
+    6: (
         """CREATE TABLE bub_usage (
             key         text COLLATE "C" NOT NULL,
             win         text COLLATE "C" NOT NULL,
