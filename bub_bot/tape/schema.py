@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 # -- SQLite -------------------------------------------------------------------------------
-SQLITE_VERSION = 4
+SQLITE_VERSION = 5
 """The schema this code writes; kept in `PRAGMA user_version`."""
 
 SQLITE_MIGRATIONS: dict[int, str] = {
@@ -142,7 +142,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 5
+POSTGRES_VERSION = 6
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
