@@ -200,3 +200,31 @@ async def test_no_handoff_summary_when_the_askers_budget_is_spent(limited, fake_
         " used up."
     )
     assert len(fake_openai.completion_requests()) == 1
+
+
+async def test_a_real_subagents_calls_count_once_for_the_person_who_asked(
+    store: SQLiteTapeStore, agent, workspace, fake_openai
+) -> None:
+    """The `subagent` tool's child turn is charged to the parent turn's person and
+    conversation, each model call once (the parent's turn usage, which includes the
+    child's, is not charged again)."""
+    from bub_bot.agent import default_registry
+    from bub_bot.agent.subagent import Subagents, register_subagent_tool
+
+    registry = default_registry()
+    built = agent(registry)
+    register_subagent_tool(registry, Subagents(built))
+    built.budgets = Budgets.for_settings(store, built.settings)
+    tape = Tape.for_session(store, "test:a", workspace)
+    await tape.append_message({"role": "user", "content": "research llamas"})
+    fake_openai.script(
+        tool_calls([("subagent", {"prompt": "summarise llamas"})], usage=USED),
+        text("llamas are camelids", usage=USED),
+        text("done", usage=USED),
+    )
+    asker = Origin(session_id="test:a", channel="test", sender={"id": "u1"})
+    result = await built.run_turn(tape, origin=asker)
+    assert result.reply == "done"
+    rows = await built.budgets.rows(["u:test:u1", "c:test:a", "t"])
+    assert rows["u:test:u1"][0].tokens == 3 * 110
+    assert rows["c:test:a"][0].tokens == 3 * 110 and rows["t"][0].tokens == 3 * 110

@@ -217,11 +217,16 @@ class ForkTape(Tape):
         )
 
     async def append_many(
-        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+        self,
+        entries: Sequence[TapeEntry],
+        *,
+        bootstrap: bool = False,
+        usage: Counting | None = None,
     ) -> list[TapeEntry]:
         """Append to the fork only; never a bootstrap anchor (the parent's start is read
-        through the fork point, and a new anchor here would hide it)."""
-        return await super().append_many(entries)
+        through the fork point, and a new anchor here would hide it). `usage` is counted
+        now: a model call was paid for whether or not the fork is merged."""
+        return await super().append_many(entries, usage=usage)
 
     async def merge(self) -> Merged:
         """Append this fork's entries (and its sidecars') to the parent; the fork is gone."""
