@@ -1,4 +1,5 @@
-"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /help.
+"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /usage
+/stop /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -26,6 +27,8 @@ USAGE = {
     "skills": "/skills — the skills the model can load here, and SKILL.md files skipped",
     "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
     "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
+    "usage": "/usage [all] — your use today and this month and what is left (all: everyone's, admins only)",
+    "stop": "/stop [id] — stop background work (one subagent by its id from /status, or all)",
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
@@ -96,6 +99,14 @@ def _check(name: str, args: str) -> Command:
         if args.isdigit() and 1 <= int(args) <= 100:
             return Command(name, args, count=int(args))
         return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    if name == "usage":
+        if args.lower() not in ("", "all"):
+            return Command(name, args, f"usage takes nothing or all. Usage: {USAGE[name]}")
+        return Command(name, args.lower())
+    if name == "stop":
+        if args and not _JOB_ID_RE.fullmatch(args):
+            return Command(name, args, f"give one id, or none for all. Usage: {USAGE[name]}")
+        return Command(name, args)
     if name == "unschedule":
         if not _JOB_ID_RE.fullmatch(args):
             return Command(name, args, f"give one job id. Usage: {USAGE[name]}")

@@ -17,6 +17,7 @@ from channels.base import Announces, Channel
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.bash import install_bash
 from .agent.schedule_tools import register_schedule_tools
+from .agent.subagent import register_subagent_tool
 from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
 from .tape import TapeStore, open_store
@@ -96,6 +97,7 @@ class Bot:
         leases = store.leases(owner_id(), settings.lease_seconds)
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases, clock)
         register_schedule_tools(agent.tools, runtime.schedules)
+        register_subagent_tool(agent.tools, runtime.subagents)
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)
         bot = cls(settings, store, agent, runtime, channels)

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .limits import RuleLimits
 from .toolgroups import check_groups
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
-_RULE_KEYS = {"match", "path", "tools", "network"}
-"""Operator keys of a rule (`tools`, `network`: issue 19)."""
+RULE_KEYS = {"match", "path", "tools", "network", "limits"}
+"""A rule's keys: where, then the operator's decisions for it (`tools`, `network`: issue 19;
+`limits`: issue 23); `approve` joins with approvals."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -42,6 +44,8 @@ class WorkspaceRule:
     """Tool groups this workspace allows (narrows BUB_TOOLS); None: all of BUB_TOOLS."""
     network: bool = False
     """Sandboxed commands (bash) may use the network: the operator's choice, per workspace."""
+    limits: RuleLimits | None = None
+    """`"limits": {...}`: the message rates and budgets of sessions here (bub_bot/limits.py)."""
 
     @property
     def per_session(self) -> bool:
@@ -136,10 +140,10 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= _RULE_KEYS:
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= RULE_KEYS:
             raise ConfigError(
-                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} and optionally'
-                f" {', '.join(sorted(_RULE_KEYS - {'match', 'path'}))}"
+                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} (optional keys:'
+                f" {', '.join(sorted(RULE_KEYS - {'match', 'path'}))})"
             )
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
@@ -164,7 +168,20 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
         network = item.get("network", False)
         if not isinstance(network, bool):
             raise ConfigError(f"{name}: network must be true or false")
+        limits = None
+        if "limits" in item:
+            try:
+                limits = RuleLimits.parse(item["limits"], name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         rules.append(
-            WorkspaceRule(match, path, index, None if tools is None else tuple(tools), network)
+            WorkspaceRule(
+                match,
+                path,
+                index,
+                tools=None if tools is None else tuple(tools),
+                network=network,
+                limits=limits,
+            )
         )
     return rules

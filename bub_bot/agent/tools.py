@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..secrets import Scrubber
 from ..toolgroups import group_of, offered
 
 if TYPE_CHECKING:
@@ -30,6 +31,14 @@ class Origin:
     reply_target: dict[str, Any] = field(default_factory=dict)
     sender: dict[str, Any] = field(default_factory=dict)
     via: str = ""
+    payer: dict[str, Any] = field(default_factory=dict)
+    """The message's `meta.payer` when work runs for someone other than its sender (a
+    subagent, an approval's continuation): budgets charge them (bub_bot/budgets/payer.py)."""
+
+
+def payer_of(origin: Origin) -> dict[str, Any]:
+    """Whom a turn's model use is charged to: its origin's conversation and person."""
+    return {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
 
 
 @dataclass
@@ -49,6 +58,26 @@ class ToolContext:
     """The tool groups offered here (BUB_TOOLS narrowed by the workspace rule); None: all."""
     network: bool = False
     """The workspace rule lets sandboxed commands use the network (an operator's choice)."""
+    # subagents (bub_bot/agent/subagent.py)
+    depth: int = 0
+    """0 for a conversation's own turn; a subagent's is its parent's + 1."""
+    allowed_tools: frozenset[str] | None = None
+    """The tool names this turn may call (None: every tool offered); a subagent's `tools`
+    argument narrows its parent's, never widens it."""
+    model: str | None = None
+    """The model this turn uses (None: BUB_MODEL)."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token usage of work the step's tools ran (a subagent's), added to the turn's."""
+    records: list[TapeEntry] = field(default_factory=list)
+    """Entries written with the current step, after its tool results (audit events)."""
+    scrubber: Scrubber | None = None
+    """The agent's secret scrubber (built once, not per call); None: build from settings."""
+
+    def scrub(self) -> Scrubber:
+        """The scrubber for what a tool reads (the agent's when it gave one)."""
+        if self.scrubber is None:
+            self.scrubber = Scrubber.for_settings(self.settings)
+        return self.scrubber
 
 
 class ToolError(Exception):
@@ -208,8 +237,13 @@ class ToolRegistry:
     async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
         """Run one call; returns (ok, result). Failures become an error result, never raise."""
         tool = self.get(name, ctx.workspace)
+        if tool is not None and ctx.allowed_tools is not None:
+            tool = tool if tool.name in ctx.allowed_tools else None
         if tool is None or not tool.model_visible or not offered(tool.group, ctx.groups):
-            known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace, ctx.groups))
+            shown = self.visible(ctx.workspace, ctx.groups)
+            if ctx.allowed_tools is not None:
+                shown = [t for t in shown if t.name in ctx.allowed_tools]
+            known = ", ".join(t.exposed_name for t in shown)
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
             raw = json.loads(arguments or "{}")
