@@ -243,3 +243,34 @@ async def test_two_concurrent_commands_do_not_see_each_other(make_bash, tmp_path
         a, b = await asyncio.gather(first.run(cmd.format("aaa")), second.run(cmd.format("bbb")))
         assert "aaa" in a["output"] and "bbb" not in a["output"], a
         assert "bbb" in b["output"] and "aaa" not in b["output"], b
+
+
+async def test_a_symlink_planted_by_a_command_is_not_followed_by_the_file_tools(
+    make_bash, workspace: Path, tmp_path: Path
+) -> None:
+    """A command may write anything in the workspace, symlinks out included: fs.write,
+    fs.edit and fs.read never follow one out (issue 19 §1)."""
+    from bub_bot.agent.fs_tools import register_fs_tools
+
+    outside = tmp_path / "host-only"
+    outside.mkdir()
+    (outside / "target.txt").write_text("HOST-FILE", encoding="utf-8")
+    for backend in BACKENDS:
+        bash = await make_bash(backend)
+        register_fs_tools(bash.registry)
+        made = await bash.run(
+            f"ln -sfn {outside} planted_dir && ln -sf {outside / 'target.txt'} planted.txt"
+            " && ls -l planted_dir planted.txt"
+        )
+        assert made["exit_code"] == 0, made
+        for tool, args in (
+            ("fs_write", {"path": "planted_dir/target.txt", "content": "pwned"}),
+            ("fs_write", {"path": "planted.txt", "content": "pwned"}),
+            ("fs_write", {"path": "planted_dir/new.txt", "content": "pwned"}),
+            ("fs_edit", {"path": "planted.txt", "old": "HOST", "new": "pwned"}),
+            ("fs_read", {"path": "planted.txt"}),
+        ):
+            ok, body = await bash.call(tool, **args)
+            assert not ok and "outside the workspace" in body, (backend, tool, body)
+        assert (outside / "target.txt").read_text() == "HOST-FILE"
+        assert sorted(p.name for p in outside.iterdir()) == ["target.txt"]
