@@ -5,7 +5,9 @@
         {"match": "web:*", "path": "/srv/scratch/{tape}"}
     ]}
 
-`match` is a glob on the session id; `path` a directory. `{session}` and `{tape}` give each
+`match` is a glob on the session id; `path` a directory; optional operator keys: `tools` (tool
+groups, narrowing BUB_TOOLS), `network` (bash commands get the network), `limits` (rates and
+budgets) and `approve` (the approval policy, over BUB_APPROVE). `{session}` and `{tape}` give each
 conversation a directory of its own (a safe name, created on first use). No match: the
 default workspace (`BUB_WORKSPACE`). The runtime decides a session's workspace once, when the
 session starts, and records it on the tape; a changed map applies to new sessions only.
@@ -23,11 +25,14 @@ from typing import Any
 
 from .approvals.policy import parse_rules
 from .errors import ConfigError
+from .limits import RuleLimits
+from .toolgroups import check_groups
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
+RULE_KEYS = {"match", "path", "tools", "network", "limits", "approve"}
+"""A rule's keys: where, then the operator's decisions for it (`tools`, `network`: issue 19;
+`limits`: issue 23; `approve`: approvals, issue 20)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-_RULE_KEYS = {"match", "path", "approve"}
-"""Keys a rule may have (operator keys of other features join `approve` here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,12 @@ class WorkspaceRule:
     match: str
     path: str
     index: int
+    tools: tuple[str, ...] | None = None
+    """Tool groups this workspace allows (narrows BUB_TOOLS); None: all of BUB_TOOLS."""
+    network: bool = False
+    """Sandboxed commands (bash) may use the network: the operator's choice, per workspace."""
+    limits: RuleLimits | None = None
+    """`"limits": {...}`: the message rates and budgets of sessions here (bub_bot/limits.py)."""
     approve: dict[str, str] = field(default_factory=dict)
     """The approval policy of these conversations (`"approve": {"bash": "allow"}`): wins over
     BUB_APPROVE (bub_bot/approvals/policy.py)."""
@@ -134,8 +145,11 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= _RULE_KEYS:
-            raise ConfigError(f'{name}: expected {{"match": "<glob>", "path": "<directory>"}}')
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= RULE_KEYS:
+            raise ConfigError(
+                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} (optional keys:'
+                f" {', '.join(sorted(RULE_KEYS - {'match', 'path'}))})"
+            )
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
             raise ConfigError(f"{name}: match must be a non-empty glob on the session id")
@@ -151,5 +165,32 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
         approve = item.get("approve", {})
         if not isinstance(approve, dict):
             raise ConfigError(f'{name}: approve must be an object like {{"bash": "ask"}}')
-        rules.append(WorkspaceRule(match, path, index, parse_rules(approve, f"{name}: approve")))
+        tools = item.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+                raise ConfigError(f"{name}: tools must be a list of tool groups")
+            try:
+                check_groups(tools, name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        network = item.get("network", False)
+        if not isinstance(network, bool):
+            raise ConfigError(f"{name}: network must be true or false")
+        limits = None
+        if "limits" in item:
+            try:
+                limits = RuleLimits.parse(item["limits"], name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        rules.append(
+            WorkspaceRule(
+                match,
+                path,
+                index,
+                tools=None if tools is None else tuple(tools),
+                network=network,
+                limits=limits,
+                approve=parse_rules(approve, f"{name}: approve"),
+            )
+        )
     return rules

@@ -37,8 +37,11 @@ def test_defaults_ask_for_acting_tools_in_groups_only() -> None:
         assert policy.decide(ToolFacts(name), "telegram:-100123") == "ask"
         for private in (PRIVATE, "telegram:42", "web:abc", "cli:local"):
             assert policy.decide(ToolFacts(name), private) == "allow", (name, private)
-    for name in ("fs.read", "web.fetch", "tape.search", "schedule.add", "skill"):
-        assert policy.decide(ToolFacts(name), GROUP) == "allow"
+    # bash.output and bash.kill only read or stop a job the conversation started
+    for name in ("fs.read", "web.fetch", "tape.search", "schedule.add", "skill", "bash.output"):
+        assert policy.decide(ToolFacts(name), GROUP) == "allow", name
+    assert policy.decide(ToolFacts("bash.kill", "bash"), GROUP) == "allow"
+    assert ApprovalPolicy.parse("bash=ask").decide(ToolFacts("bash.output"), PRIVATE) == "ask"
     assert is_group_conversation(GROUP) and not is_group_conversation(PRIVATE)
 
 

@@ -26,7 +26,7 @@ async def test_read_only_mcp_tools_need_no_click(
         tools = bot.runtime.agent.tools
         await tools.prepare()
         echo, add = tools.get("mcp.remote.echo"), tools.get("mcp.remote.add")
-        assert echo is not None and echo.read_only is True and echo.tool_group == "mcp"
+        assert echo is not None and echo.read_only is True and echo.group == "mcp"
         assert add is not None and add.read_only is None
         fake_openai.script(
             tool_calls([("mcp_remote_echo", {"text": "hi"}), ("mcp_remote_add", {"a": 1, "b": 2})]),

@@ -20,6 +20,10 @@ from .tools import Origin, Tool
 log = logging.getLogger(__name__)
 
 POLICY_DENIED = "error: this tool is not allowed here (the operator's approval policy denies it)."
+SUBAGENT_ASK = (
+    "error: this call needs a person's approval, which a subagent cannot ask for; it did not"
+    " run. Leave it to the main conversation."
+)
 
 ExpirySchedule = Callable[[dict[str, Any], Origin, str], Awaitable[None]]
 """Stores the expiry job of a request (data, origin, tape name) before the request is written."""
@@ -54,7 +58,7 @@ class ApprovalGate:
         """`allow`, `ask` or `deny` for a call of `name` (an unknown tool: allow, it fails)."""
         if tool is None:
             return ALLOW
-        facts = ToolFacts(tool.name, tool.tool_group, tool.read_only, tool.destructive)
+        facts = ToolFacts(tool.name, tool.group, tool.read_only, tool.destructive)
         return self.policy.decide(facts, session_id, self._rules(session_id))
 
     def policies(
@@ -66,6 +70,21 @@ class ApprovalGate:
             for c in calls
         }
 
+    def screen(
+        self,
+        calls: list[dict[str, Any]],
+        resolve: Callable[[str], Tool | None],
+        session_id: str,
+        depth: int = 0,
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """The policy's word per call id, and the refusals of calls that will not run: a
+        subagent (`depth` > 0) has nobody to ask, so its calls that need a click are denied."""
+        policies = self.policies(calls, resolve, session_id)
+        if depth == 0 or ASK not in policies.values():
+            return policies, {}
+        fixed = {cid: SUBAGENT_ASK for cid, p in policies.items() if p == ASK}
+        return {cid: DENY if p == ASK else p for cid, p in policies.items()}, fixed
+
     async def request(
         self,
         calls: list[dict[str, Any]],
@@ -76,9 +95,12 @@ class ApprovalGate:
         tape_name: str,
         seen_through: int,
         turn_id: str,
+        payer: dict[str, Any] | None = None,
     ) -> TapeEntry:
         """The `approval.request` entry for a step whose calls include `ask` ones (its expiry
-        job is stored first: a crash in between leaves a job that expires nothing)."""
+        job is stored first: a crash in between leaves a job that expires nothing). `payer`:
+        whom the turn is charged to; its decision carries it as `meta.payer`, so the turn it
+        continues is charged to them, not to whoever clicked."""
         rid = new_request_id()
         described = []
         for call in calls:
@@ -109,6 +131,8 @@ class ApprovalGate:
             "seen_through": seen_through,
             "turn": turn_id,
         }
+        if payer:
+            data["payer"] = dict(payer)
         data["text"] = request_text(data)
         if self.schedule_expiry is not None:
             await self.schedule_expiry(data, origin, tape_name)
@@ -121,4 +145,4 @@ class ApprovalGate:
         return TapeEntry.event(REQUEST, data, context=False)
 
 
-__all__ = ["ALLOW", "ASK", "DENY", "POLICY_DENIED", "ApprovalGate"]
+__all__ = ["ALLOW", "ASK", "DENY", "POLICY_DENIED", "SUBAGENT_ASK", "ApprovalGate"]

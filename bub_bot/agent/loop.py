@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector, load_selector
-from . import spill
-from .approval_gate import ASK, DENY, POLICY_DENIED, ApprovalGate
+from ..toolgroups import offered
+from . import metering
+from .approval_gate import ASK, ApprovalGate
 from .approval_settle import settle
 from .model import ContextOverflow, ModelClient, ModelError
+from .policy import Policies
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
-from .tools import Origin, ToolContext, ToolRegistry, payer_of
+from .tool_step import run_tools
+from .tools import Origin, Tool, ToolContext, ToolRegistry, payer_of
 
 log = logging.getLogger(__name__)
 
 AUTO_HANDOFF_ANCHOR = "auto_handoff/context_overflow"
-SUBAGENT_ASK = (
-    "error: this call needs a person's approval, which a subagent cannot ask for; it did not"
-    " run. Leave it to the main conversation."
-)
 TOO_LONG_ANCHOR = "auto_handoff/message_too_long"
 EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
 
@@ -63,6 +63,13 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.policies = Policies(settings)
+        """Which tool groups and network each session gets (BUB_TOOLS, BUB_WORKSPACE_MAP)."""
+        self.shell: Any = None
+        """The bash tools' job table (`bub_bot.agent.bash.Shell`) when bash is offered."""
+        self.budgets: Budgets | None = None
+        """Checked before each model call; each call's usage is written with its `run` event
+        (the runtime sets it; None: nothing counted)."""
         self.selector: Selector = (
             load_selector(settings.context_selector)
             if settings.context_selector
@@ -136,11 +143,14 @@ class Agent:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
+        policy = self.policies.for_session(origin.session_id or tape.session_id or "")
         ctx = ToolContext(
             tape=tape,
             workspace=workspace,
             settings=self.settings,
             origin=origin,
+            groups=policy.groups,
+            network=policy.network,
             depth=depth,
             allowed_tools=allowed_tools,
             model=model,
@@ -149,6 +159,7 @@ class Agent:
         max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
+        charge_to = metering.charge_of(origin, tape.session_id or "", payer)
         seen_through = 0
         auto_handed_off = False
         step = 0
@@ -163,7 +174,7 @@ class Agent:
             entries = visible(raw)
             if entry_filter is not None:
                 entries = entry_filter(entries)
-            tools = self.tools.visible(workspace)
+            tools = self.tools.visible(workspace, policy.groups)
             if allowed_tools is not None:
                 tools = [t for t in tools if t.name in allowed_tools]
             messages = [
@@ -177,6 +188,27 @@ class Agent:
                 },
                 *selector(entries),
             ]
+            if self.budgets is not None:
+                # Before every call: a call in flight when the budget ran out finishes its step.
+                spent = await self.budgets.check(charge_to)
+                if spent is not None:
+                    self._notify("refusal", {"reason": spent.reason})
+                    log.info(
+                        "budget.spent session=%s turn=%s scope=%s step=%d",
+                        tape.session_id,
+                        turn_id,
+                        spent.scope,
+                        step,
+                    )
+                    return await self._end(
+                        tape,
+                        "budget",
+                        spent.text(),
+                        step - 1,
+                        seen_through,
+                        usage_total,
+                        auto_handoff=auto_handed_off,
+                    )
             try:
                 schemas = [t.schema() for t in tools]
                 if model is None:
@@ -253,6 +285,11 @@ class Agent:
             for key, value in reply.usage.items():
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
+            counting = None
+            if self.budgets is not None:
+                counting = metering.step_counting(
+                    self.budgets, charge_to, reply, messages, origin.channel, self._notify
+                )
             self._notify(
                 "model_call",
                 {
@@ -288,7 +325,8 @@ class Agent:
                             {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
                             context=False,
                         ),
-                    ]
+                    ],
+                    usage=counting,
                 )
                 self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
                 return TurnResult(
@@ -302,17 +340,11 @@ class Agent:
                     written[0],
                 )
 
-            policies = self.gate.policies(
-                reply.tool_calls,
-                lambda name: self.tools.get(name, workspace),
-                origin.session_id or tape.session_id or "",
+            # Only tools this session is offered are asked about (others fail as unknown).
+            resolve = partial(self._offered, workspace, policy.groups, allowed_tools)
+            policies, fixed = self.gate.screen(
+                reply.tool_calls, resolve, origin.session_id or tape.session_id or "", depth
             )
-            if depth > 0 and ASK in policies.values():
-                # A subagent has nobody to ask: its calls that need a click do not run.
-                fixed = {cid: SUBAGENT_ASK for cid, p in policies.items() if p == ASK}
-                policies = {cid: DENY if p == ASK else p for cid, p in policies.items()}
-            else:
-                fixed = {}
             if ASK in policies.values():
                 # A person decides first: the turn ends here, holding no worker or model; the
                 # decision enters the session like a message and `settle` runs the calls.
@@ -320,11 +352,12 @@ class Agent:
                     reply.tool_calls,
                     reply.content,
                     policies,
-                    lambda name: self.tools.get(name, workspace),
+                    resolve,
                     origin,
                     tape.name,
                     seen_through,
                     turn_id,
+                    payer=charge_to.to_json(),
                 )
                 written = await tape.append_many(
                     [
@@ -335,7 +368,8 @@ class Agent:
                             {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)},
                             context=False,
                         ),
-                    ]
+                    ],
+                    usage=counting,  # the call that asked is paid for like any other
                 )
                 self._notify("approval", {"outcome": "requested"})
                 self._notify("turn", {"status": "approval"})
@@ -373,7 +407,7 @@ class Agent:
                 step_entries.extend(await _turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await tape.append_many(step_entries)
+            await tape.append_many(step_entries, usage=counting)
 
         note = (
             f"I stopped after {max_steps} steps without a final answer."
@@ -395,14 +429,26 @@ class Agent:
         calls run once or get a denial the model sees. Returns how many were settled."""
         if ctx is None:
             origin = origin or Origin(session_id=tape.session_id or "")
+            policy = self.policies.for_session(origin.session_id or tape.session_id or "")
             ctx = ToolContext(
                 tape=tape,
                 workspace=workspace or self.settings.workspace,
                 settings=self.settings,
                 origin=origin,
+                groups=policy.groups,
+                network=policy.network,
                 scrubber=self.scrub,
             )
         return await settle(ctx, tape, self._run_tools, self._notify)
+
+    def _offered(
+        self, workspace: Path, groups: frozenset[str], allowed: frozenset[str] | None, name: str
+    ) -> Tool | None:
+        """The tool `name` if this session is offered it (its groups, a subagent's list)."""
+        tool = self.tools.get(name, workspace)
+        if tool is None or not offered(tool.group, groups):
+            return None
+        return tool if allowed is None or tool.name in allowed else None
 
     async def _run_tools(
         self,
@@ -413,47 +459,19 @@ class Agent:
         policies: dict[str, str] | None = None,
         fixed: dict[str, str] | None = None,
     ) -> list[TapeEntry]:
-        """Run the step's tool calls concurrently; results keep their `tool_call_id`s. A call
-        the policy denies gets `fixed` text (or the policy's refusal) and does not run."""
-        policies = policies or {}
-        fixed = fixed or {}
-
-        async def one(call: dict[str, Any]) -> dict[str, Any]:
-            name = call["function"]["name"]
-            tool = self.tools.get(name, ctx.workspace)
-            if policies.get(call["id"]) == DENY:
-                text = fixed.get(call["id"], POLICY_DENIED)
-                self._notify("tool_call", {"tool": tool.name if tool else name, "ok": False})
-                return {"tool_call_id": call["id"], "content": text, "ok": False}
-            ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
-            result = self.scrub.value(result)  # before the tape, the spill and the model
-            self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
-            text = spill.render(result)
-            if not _utf8_ok(text):
-                # Lone surrogates (e.g. non-UTF-8 file names) cannot be stored as UTF-8 text.
-                text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-                result = text
-            threshold = self.settings.spill_threshold * 4
-            if threshold and len(text) >= threshold and (tool is None or tool.spillable):
-                spilled = await spill.spill(tape, text, tool=name, call_id=call["id"])
-                self._notify("spill", {"tool": name, "ok": spilled.handle is not None})
-                return {
-                    "tool_call_id": call["id"],
-                    "content": spilled.text,
-                    "_event": spilled.event,
-                }
-            content: Any = result if ok else text
-            return {"tool_call_id": call["id"], "content": content, "ok": ok}
-
-        results = await asyncio.gather(*(one(c) for c in calls))
-        entries: list[TapeEntry] = []
-        if content:
-            entries.append(TapeEntry.message({"role": "assistant", "content": content}))
-        entries.append(TapeEntry.tool_call(calls))
-        events = [r.pop("_event") for r in results if "_event" in r]
-        entries.append(TapeEntry.tool_result(list(results)))
-        entries.extend(events)
-        return entries
+        """Run a step's calls (`tool_step.run_tools`): denied ones get `fixed` text."""
+        return await run_tools(
+            self.tools,
+            self.scrub,
+            self.settings.spill_threshold,
+            self._notify,
+            ctx,
+            tape,
+            calls,
+            content,
+            policies,
+            fixed,
+        )
 
     async def _end(
         self,
@@ -494,16 +512,6 @@ async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
             continue
         copies.append(entry.copy_after_anchor())
     return copies
-
-
-def _utf8_ok(text: str) -> bool:
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _ms(started: float) -> float:

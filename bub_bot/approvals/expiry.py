@@ -26,8 +26,11 @@ def decision_entry(
     channel: str,
     reply_target: dict,
     via: str,
+    payer: dict | None = None,
 ) -> TapeEntry:
-    """The inbound entry of a decision (a click, a command, the expiry)."""
+    """The inbound entry of a decision (a click, a command, the expiry). `payer`: the
+    request's (whom the turn it continues is charged to, bub_bot/budgets/payer.py)."""
+    extra = {"payer": dict(payer)} if payer else {}
     return TapeEntry.event(
         DECISION,
         {"request": request_id, "decision": decision, "by": by, "at": iso(at), "digest": digest},
@@ -38,6 +41,7 @@ def decision_entry(
         delivery_key=decision_key(request_id),
         message_id="",
         origin=via,
+        **extra,
     )
 
 
@@ -58,5 +62,6 @@ class ExpiryKind:
             channel=job.channel,
             reply_target=data.get("reply_target") or {},
             via="approval.expiry",
+            payer=data.get("payer") or None,
         )
         return Due(entry, (decision_key(request_id),))

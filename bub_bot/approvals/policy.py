@@ -22,18 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..toolgroups import group_of
 
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 CHOICES = (ALLOW, ASK, DENY)
-GROUPS = ("tape", "fs", "spill", "bash", "web", "skills", "mcp")
 ACTING = ("bash", "fs.write", "fs.edit")
-"""Tools that change things: `ask` in group conversations by default."""
-
-
-def group_of(name: str) -> str:
-    """A tool's group from its dotted name (`fs.write` -> `fs`, `skill` -> `skills`)."""
-    head = name.split(".", 1)[0]
-    return "skills" if head == "skill" else head
+"""Tools that change things: `ask` in group conversations by default (`bash.output` and
+`bash.kill` only read or stop a job the conversation started: allowed)."""
 
 
 def is_group_conversation(session_id: str) -> bool:
@@ -114,7 +109,7 @@ class ApprovalPolicy:
             found = _lookup(rules, tool.name, group)
             if found is not None:
                 return found
-        acting = tool.name in ACTING or group == "bash"
+        acting = tool.name in ACTING
         if group == "mcp":
             if tool.read_only:
                 return ALLOW

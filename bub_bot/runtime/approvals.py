@@ -68,6 +68,7 @@ class ApprovalDesk:
                 "request": data["id"],
                 "digest": data["digest"],
                 "reply_target": dict(origin.reply_target),
+                "payer": dict(data.get("payer") or {}),
             },
         )
         await self.store.add_job(job)
@@ -109,6 +110,7 @@ class ApprovalDesk:
             channel=click.channel,
             reply_target=dict(data.get("reply_target") or {}),
             via="approval",
+            payer=data.get("payer") or None,
         )
         keys = [decision_key(click.request_id)]
         if expired:
@@ -123,6 +125,7 @@ class ApprovalDesk:
                 channel=click.channel,
                 reply_target=dict(data.get("reply_target") or {}),
                 via="approval.expiry",
+                payer=data.get("payer") or None,
             )
             await self.ingress.enter(
                 Arrival(click.session_id, None, click.channel, by_timeout, tuple(keys))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from ..approvals.requests import DECISION, REQUEST, is_decision
+from ..budgets import LIMIT_NOTICE
 from ..schedules.prompts import NOTICE
 from ..tape import Tape, TapeEntry
 
@@ -21,9 +22,9 @@ REPLY_UNKNOWN = "reply.unknown"
 
 
 def is_pending(entry: TapeEntry) -> bool:
-    """An inbound user message, command or approval decision not yet handled (copies do not
-    count)."""
-    if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
+    """An inbound user message, command or approval decision not yet handled (copies, and
+    messages refused over a rate limit, do not count)."""
+    if not entry.meta.get("inbound") or entry.meta.get("copy_of") or "refused" in entry.meta:
         return False
     if entry.kind == "message":
         return entry.payload.get("role") == "user"
@@ -52,6 +53,7 @@ def is_reply(entry: TapeEntry) -> bool:
         "turn.notice",
         "command.done",
         NOTICE,
+        LIMIT_NOTICE,
         REQUEST,
     )
 
