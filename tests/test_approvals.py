@@ -401,3 +401,61 @@ async def test_a_subagent_cannot_ask(agent, tape, fake_openai: FakeOpenAI) -> No
     assert result.status == "ok" and runs == []
     assert "a subagent cannot ask" in tool_texts(fake_openai)[0]
     assert await events(tape, "approval.request") == []
+
+
+# -- with budgets and tool groups (main's bash, BUB_TOOLS, budgets) ----------------------------
+USED = {"prompt_tokens": 80, "completion_tokens": 30, "total_tokens": 110}
+
+
+async def test_the_asking_call_counts_and_the_continued_turn_is_the_askers(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask", approvers="*")
+    fake_openai.script(
+        tool_calls([("bash", {"command": "echo hi"})], usage=USED), text("done", usage=USED)
+    )
+    await channel.say("go")
+    await until(lambda: len(channel.asked) == 1)
+    await idle(runtime, "test:a")
+    rows = await runtime.budgets.rows(["u:test:u1", "u:test:u2"])
+    assert rows["u:test:u1"][0].tokens == 110  # the call that asked is paid for
+    assert await click(runtime, channel.asked[0], "approve", user="u2") == "approve"
+    await until(lambda: channel.texts()[-1:] == ["done"])
+    await idle(runtime, "test:a")
+    assert runs == ["echo hi"]
+    rows = await runtime.budgets.rows(["u:test:u1", "u:test:u2"])
+    # the turn the click continued is charged to who asked, not to who clicked
+    assert rows["u:test:u1"][0].tokens == 220 and rows["u:test:u2"][0].tokens == 0
+    decision = (await events(tape_of(runtime, "test:a"), "approval.decision"))[0]
+    assert decision.meta["payer"]["user"] == "test:u1"
+
+
+async def test_a_spent_budget_stops_the_continued_turn(make_runtime, fake_openai) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(
+        ButtonChannel(), registry, approve="bash=ask", budget_user="100/day"
+    )
+    fake_openai.script(tool_calls([("bash", {"command": "echo hi"})], usage=USED), text("no"))
+    await channel.say("go")
+    await until(lambda: len(channel.asked) == 1)
+    await idle(runtime, "test:a")
+    request = channel.asked[0]
+    assert await click(runtime, request, "approve") == "approve"
+    await until(lambda: "budget" in channel.texts()[-1])
+    await idle(runtime, "test:a")
+    assert runs == ["echo hi"]  # the approved call ran; the model was not called again
+    assert len(fake_openai.completion_requests()) == 1
+
+
+async def test_a_tool_the_session_is_not_offered_is_not_asked_about(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask", tools="fs,tape")
+    fake_openai.script(tool_calls([("bash", {"command": "echo hi"})]), text("ok"))
+    await channel.say("go")
+    await until(lambda: channel.texts()[-1:] == ["ok"])
+    await idle(runtime, "test:a")
+    assert channel.asked == [] and runs == []
+    assert "unknown tool" in tool_texts(fake_openai)[0]
