@@ -318,6 +318,7 @@ def test_request_describes_what_will_run() -> None:
     from bub_bot.approvals.requests import describe_call
 
     assert describe_call("bash", '{"command": "make deploy"}') == "bash: $ make deploy"
+    assert describe_call("bash", '{"cmd": "make test", "background": true}') == "bash: $ make test"
     body = json.dumps({"path": "src/app.py", "content": "x = 1\n" * 40})
     assert (
         describe_call("fs.write", body) == "fs.write src/app.py (content: 40 lines, 240 characters)"
@@ -459,3 +460,34 @@ async def test_a_tool_the_session_is_not_offered_is_not_asked_about(
     await idle(runtime, "test:a")
     assert channel.asked == [] and runs == []
     assert "unknown tool" in tool_texts(fake_openai)[0]
+
+
+async def test_a_sandboxed_command_waits_for_the_click_in_a_group_and_runs_once(
+    make_runtime, fake_openai: FakeOpenAI, settings, workspace
+) -> None:
+    from bub_bot.agent.bash import install_bash
+
+    registry = register_builtins(ToolRegistry())
+    assert await install_bash(registry, settings()) is not None  # bwrap or Landlock here
+    channel = ButtonChannel()
+    channel.name = "slack"
+    runtime, channel = make_runtime(channel, registry)  # the default policy
+    group = "T1:C1:2.0"
+    run = ("bash", {"cmd": "echo ran >> ran.txt; cat ran.txt"})
+    fake_openai.script(tool_calls([run]), text("done"))
+    await channel.say("run it", chat=group)
+    await until(lambda: len(channel.asked) == 1)
+    await idle(runtime, f"slack:{group}")
+    request = channel.asked[0]
+    assert "bash: $ echo ran >> ran.txt; cat ran.txt" in request["text"]
+    assert not (workspace / "ran.txt").exists()  # not before the click
+    press = ApprovalClick(
+        "slack", f"slack:{group}", request["id"], request["digest"], "approve", Sender("u1")
+    )
+    assert await runtime.decide(press) == "approve"
+    assert await runtime.decide(press) == "already"  # a double click
+    await channel.wait_sent(group, 2)
+    await idle(runtime, f"slack:{group}")
+    assert (workspace / "ran.txt").read_text() == "ran\n"  # in the sandbox, once
+    (result,) = tool_texts(fake_openai)
+    assert '"exit_code": 0' in result and "ran" in result

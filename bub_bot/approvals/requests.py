@@ -88,7 +88,7 @@ def describe_call(tool: str, arguments: str) -> str:
     if not isinstance(args, dict):
         cut = arguments if len(arguments) <= ARG_PREVIEW else arguments[:ARG_PREVIEW] + "…"
         return f"{tool} {cut}"
-    command = args.get("command")
+    command = args.get("cmd", args.get("command"))  # the bash tool's argument is `cmd`
     if tool == "bash" and isinstance(command, str):
         shown = command if len(command) <= ARG_PREVIEW else command[:ARG_PREVIEW] + "…"
         return f"bash: $ {shown}"
