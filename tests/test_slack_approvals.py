@@ -133,3 +133,40 @@ async def test_press_over_socket_mode(start_bot: StartBot, slack: FakeSlack, fak
     assert len(await events(bot.tape(sid("C1", ts)), "approval.decision")) == 1
     await until(lambda: [p["text"] for p in slack.posts_in("C1", ts)][-1] == "deployed")
     assert runs == ["make deploy"]
+
+
+async def test_malformed_presses_are_4xx_and_change_nothing(
+    start_bot: StartBot, slack: FakeSlack, fake_openai, caplog
+) -> None:
+    bot = await start_bot()
+    runs = counting(bot)
+    ts, message = await requested(bot, slack, fake_openai)
+    good = json.loads(press(message, "approve", "U1")["payload"])
+    action = good["actions"][0]
+    rid = action["value"].split(":")[0]
+    bad_payloads: list[Any] = [
+        "not json {",
+        json.dumps([1, 2]),
+        json.dumps({**good, "actions": []}),
+        json.dumps({**good, "actions": "x"}),
+        json.dumps({**good, "actions": [{**action, "value": "nope"}]}),
+        json.dumps({**good, "actions": [{**action, "value": 7}]}),
+        json.dumps({**good, "user": None}),
+        json.dumps({**good, "user": {"id": ["U1"]}}),
+        json.dumps({**good, "container": {"channel_id": "C1"}}),
+        json.dumps({**good, "container": {**good["container"], "channel_id": "C9"}}),
+        json.dumps({**good, "actions": [{**action, "value": "f" * 12 + ":" + "0" * 16}]}),
+        json.dumps({**good, "actions": [{**action, "value": rid + ":" + "0" * 16}]}),
+    ]
+    for raw in bad_payloads:
+        status, _ = await bot.post({"payload": raw}, form=True)
+        assert 400 <= status < 500, (status, raw)
+    assert (await bot.post({"nothing": "here"}, form=True))[0] < 500
+    await bot.idle(sid("C1", ts))
+    assert runs == []
+    tape = bot.tape(sid("C1", ts))
+    assert await events(tape, "approval.decision") == []
+    # the buttons still work afterwards
+    assert (await bot.post(press(message, "approve", "U1"), form=True))[0] == 200
+    await until(lambda: [p["text"] for p in slack.posts_in("C1", ts)][-1] == "deployed")
+    assert runs == ["make deploy"]

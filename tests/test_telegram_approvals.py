@@ -79,3 +79,60 @@ async def test_callback_deny(start, tg: FakeTelegram, fake_openai: FakeOpenAI) -
     assert replies[-1]["text"] == "deployed" and runs == []
     tool = [m for m in fake_openai.last_messages() if m["role"] == "tool"]
     assert tool[0]["content"].startswith("error: denied by Ann")
+
+
+async def test_malformed_callbacks_by_webhook_are_acknowledged_and_change_nothing(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    import json
+
+    import aiohttp
+
+    from tests.test_telegram import SECRET
+
+    hook = "/tg/hook"
+    h = await start(
+        telegram_webhook_url=f"https://bot.example.test{hook}", telegram_webhook_secret=SECRET
+    )
+    runs = counting(h)
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET, "Content-Type": "application/json"}
+    url = h.server.url + hook
+    fake_openai.script(tool_calls([("bash", {"command": "make deploy"})]), text("deployed"))
+    async with aiohttp.ClientSession() as http:
+
+        async def post(update: dict, n: int) -> int:
+            body = json.dumps(update | {"update_id": n})
+            async with http.post(url, data=body, headers=headers) as resp:
+                return resp.status
+
+        assert await post(tg.group_text(GROUP, USER, f"@{BOT} deploy"), 1) == 200
+        [posted] = await h.replies(GROUP, 1)
+        await h.idle(f"telegram:{GROUP}")
+        message = tg.messages[(GROUP, posted["message_id"])]
+        approve = button(message, "Approve")
+        good = tg.callback_update(GROUP, USER, message["message_id"], approve)
+        query = good["callback_query"]
+        rid = approve.split(":")[1]
+        bad = [
+            {**query, "data": "x"},
+            {**query, "data": None},
+            {**query, "data": "a:" + "f" * 12 + ":" + "0" * 16},  # no such request
+            {**query, "data": f"a:{rid}:" + "0" * 16},  # a digest that does not match
+            {**query, "data": approve + "\ud800"},
+            {k: v for k, v in query.items() if k != "message"},  # an inline message's press
+            {**query, "message": {**query["message"], "chat": {"id": -99, "type": "group"}}},
+            {k: v for k, v in query.items() if k != "from"},
+            {**query, "from": "Ann"},
+            "a press",
+        ]
+        for n, item in enumerate(bad, start=10):
+            assert await post({"callback_query": item}, n) == 200, item
+        await h.idle(f"telegram:{GROUP}")
+        assert runs == []
+        assert await events(h.tape(f"telegram:{GROUP}"), "approval.decision") == []
+        tapes = await h.bot.store.list_tapes(include_all=True)
+        assert [t.session_id for t in tapes] == [f"telegram:{GROUP}"]  # no tape for chat -99
+        assert await post(good, 50) == 200  # the buttons still work
+        replies = await h.replies(GROUP, 2)
+    await h.idle(f"telegram:{GROUP}")
+    assert replies[-1]["text"] == "deployed" and runs == ["make deploy"]
