@@ -32,6 +32,10 @@ USAGE = {
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
+APPROVAL_COMMANDS = ("approve", "deny")
+"""Typed decisions (bub_bot/approvals): parsed here so that one deciding nothing gets a reply
+saying why; not on the platforms' command menus (the request's buttons are)."""
+_REQUEST_ID_RE = re.compile(r"[0-9a-f]{12}")
 _NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -79,7 +83,7 @@ def parse(
     rest = (newline_rest + " " + rest).strip() if newline_rest else rest.strip()
     name, _, target = head.partition("@")
     name = name.lower()
-    if name not in COMMANDS:
+    if name not in COMMANDS and name not in APPROVAL_COMMANDS:
         return None
     if target and strict_target and bot_names:
         ours = {n.lstrip("@").lower() for n in bot_names}
@@ -99,6 +103,10 @@ def _check(name: str, args: str) -> Command:
         if args.isdigit() and 1 <= int(args) <= 100:
             return Command(name, args, count=int(args))
         return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    if name in APPROVAL_COMMANDS:
+        if args and not _REQUEST_ID_RE.fullmatch(args):
+            return Command(name, args, f"give a request id or nothing. Usage: {_APPROVALS}")
+        return Command(name, args)
     if name == "usage":
         if args.lower() not in ("", "all"):
             return Command(name, args, f"usage takes nothing or all. Usage: {USAGE[name]}")
@@ -203,7 +211,9 @@ def skills_text(found: Catalog, offered: bool = True) -> str:
     return "\n".join(lines)
 
 
+_APPROVALS = "/approve [id], /deny [id] — decide a waiting approval request (or its buttons)"
+
+
 def help_text() -> str:
     """The /help reply."""
-    approvals = "/approve [id], /deny [id] — decide a waiting approval request (or its buttons)"
-    return "Commands:\n" + "\n".join([*USAGE.values(), approvals])
+    return "Commands:\n" + "\n".join([*USAGE.values(), _APPROVALS])

@@ -230,6 +230,32 @@ async def test_typed_deny(make_runtime, fake_openai: FakeOpenAI) -> None:
     assert runs == [] and "denied by U1" in tool_texts(fake_openai)[0]
 
 
+async def test_a_typed_decision_that_decides_nothing_says_why(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    runtime, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    await channel.say("/approve")
+    await channel.wait_sent("a", 1)
+    assert channel.texts()[-1] == "No approval request is waiting here."
+    request = await asked_once(runtime, channel, fake_openai)
+    await channel.say("/approve", sender="u2")  # not the requester: refused, nothing changes
+    await channel.wait_sent("a", 3)
+    await idle(runtime, "test:a")
+    assert channel.texts()[-1].startswith("You may not decide this request") and runs == []
+    await channel.say("/approve 123")
+    await channel.wait_sent("a", 4)
+    assert channel.texts()[-1].startswith("give a request id or nothing")
+    await channel.say(f"/approve {request['id']}")
+    await until(lambda: channel.texts()[-1:] == ["done"])
+    await idle(runtime, "test:a")
+    assert runs == ["echo hi"]
+    await channel.say(f"/deny {request['id']}")
+    await channel.wait_sent("a", 6)
+    assert channel.texts()[-1] == f"No approval request {request['id']} is waiting here."
+    assert runs == ["echo hi"] and len(fake_openai.completion_requests()) == 2
+
+
 async def test_restart_while_waiting_then_approve(
     make_runtime, fake_openai: FakeOpenAI, store
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from .. import commands
 from ..agent import Agent, skills, summary_note
 from ..agent.model import ModelError
+from ..approvals.typed import typed_note
 from ..budgets import Payer, step_usage
 from ..budgets.report import usage_all_text, usage_text
 from ..config import Settings
@@ -124,6 +125,15 @@ class CommandRunner:
     async def _text(self, session: Session, command: commands.Command, entry: TapeEntry) -> str:
         tape = session.tape
         payer = Payer.of(session.id, entry.meta)
+        if command.name in commands.APPROVAL_COMMANDS:
+            sender = entry.meta.get("sender") or {}
+            return await typed_note(
+                tape,
+                command.args,
+                str(sender.get("id", "")),
+                str(entry.meta.get("channel", "")),
+                self.agent.gate.approvers,
+            )
         if command.name == "handoff":
             return await self._handoff(session, command, payer)
         if command.name == "usage":
