@@ -272,6 +272,22 @@ async def test_restart_while_waiting_then_approve(
     assert channel2.texts("a") == ["done"]
 
 
+async def test_a_policy_that_denies_by_the_click_wins_over_the_approval(
+    make_runtime, fake_openai: FakeOpenAI
+) -> None:
+    registry, runs = counting_registry()
+    first, channel = make_runtime(ButtonChannel(), registry, approve="bash=ask")
+    request = await asked_once(first, channel, fake_openai)
+    await first.shutdown(grace=1)
+    # The operator turned bash off while the request waited: the approval runs nothing.
+    second, channel2 = make_runtime(ButtonChannel(), registry, approve="bash=deny")
+    await second.start()
+    assert await click(second, request, "approve") == "approve"
+    await channel2.wait_sent("a", 1)
+    await idle(second, "test:a")
+    assert runs == [] and "not allowed here" in tool_texts(fake_openai)[0]
+
+
 async def test_a_run_interrupted_by_a_crash_is_not_repeated(
     make_runtime, fake_openai: FakeOpenAI
 ) -> None:

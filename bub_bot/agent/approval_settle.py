@@ -20,31 +20,46 @@ from ..approvals.requests import (
     settled_text,
 )
 from ..tape import Tape, TapeEntry
-from .approval_gate import ALLOW, ASK, DENY
+from .approval_gate import ALLOW, ASK, DENY, POLICY_DENIED
 from .tools import ToolContext
 
 log = logging.getLogger("bub_bot.agent.loop")
 
 RunTools = Callable[..., Awaitable[list[TapeEntry]]]
 Notify = Callable[[str, dict[str, Any]], None]
+PolicyNow = Callable[[str], str]
+"""A tool name -> the approval policy's word for it in this session now."""
 
 
-async def settle(ctx: ToolContext, tape: Tape, run_tools: RunTools, notify: Notify) -> int:
+async def settle(
+    ctx: ToolContext,
+    tape: Tape,
+    run_tools: RunTools,
+    notify: Notify,
+    policy_now: PolicyNow | None = None,
+) -> int:
     """Settle the tape's requests that have a decision: run the approved calls (once:
     an `approval.started` marker goes first, and a restart after it reports the run as
     interrupted instead of running it again), give denied and expired ones a result the
     model sees, and write the step's `tool_call` with all its results and
-    `approval.closed` in one transaction. Returns how many requests were settled."""
+    `approval.closed` in one transaction. Returns how many requests were settled.
+    `policy_now`: a call the operator's policy denies by now (changed since the request)
+    does not run, approved or not."""
     found = [r for r in await open_requests(tape) if r.decision is not None]
     if not found:
         return 0
     for request in found:
-        await _settle_one(ctx, tape, request, run_tools, notify)
+        await _settle_one(ctx, tape, request, run_tools, notify, policy_now)
     return len(found)
 
 
 async def _settle_one(
-    ctx: ToolContext, tape: Tape, request: OpenRequest, run_tools: RunTools, notify: Notify
+    ctx: ToolContext,
+    tape: Tape,
+    request: OpenRequest,
+    run_tools: RunTools,
+    notify: Notify,
+    policy_now: PolicyNow | None,
 ) -> None:
     data = request.data
     assert request.decision is not None
@@ -65,6 +80,10 @@ async def _settle_one(
                 fixed[call["id"]] = denied_result(choice, by)
         else:
             policies[call["id"]] = call["policy"]
+        if policies[call["id"]] == ALLOW and policy_now is not None:
+            if policy_now(call["tool"]) == DENY:
+                policies[call["id"]] = DENY
+                fixed[call["id"]] = POLICY_DENIED
     runs = [cid for cid, p in policies.items() if p == ALLOW]
     if request.started:
         for cid in runs:  # it may have run, in part: never twice

@@ -439,10 +439,20 @@ class Agent:
                 network=policy.network,
                 scrubber=self.scrub,
             )
-        return await settle(ctx, tape, self._run_tools, self._notify)
+        session = ctx.origin.session_id or tape.session_id or ""
+
+        def policy_now(name: str) -> str:
+            tool = self._offered(ctx.workspace, ctx.groups, None, name)
+            return self.gate.decide(tool, name, session)
+
+        return await settle(ctx, tape, self._run_tools, self._notify, policy_now)
 
     def _offered(
-        self, workspace: Path, groups: frozenset[str], allowed: frozenset[str] | None, name: str
+        self,
+        workspace: Path,
+        groups: frozenset[str] | None,
+        allowed: frozenset[str] | None,
+        name: str,
     ) -> Tool | None:
         """The tool `name` if this session is offered it (its groups, a subagent's list)."""
         tool = self.tools.get(name, workspace)
