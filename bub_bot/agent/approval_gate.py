@@ -13,8 +13,9 @@ from ..approvals.policy import ALLOW, ASK, DENY, ApprovalPolicy, ToolFacts
 from ..approvals.requests import REQUEST, digest_of, iso, new_request_id, request_text
 from ..config import Settings
 from ..errors import ConfigError
-from ..tape import TapeEntry
+from ..tape import Counting, Tape, TapeEntry
 from ..workspaces import WorkspaceMap, load_workspace_map
+from .model import ModelReply
 from .tools import Origin, Tool
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,35 @@ class ApprovalGate:
             return policies, {}
         fixed = {cid: SUBAGENT_ASK for cid, p in policies.items() if p == ASK}
         return {cid: DENY if p == ASK else p for cid, p in policies.items()}, fixed
+
+    async def hold(
+        self,
+        tape: Tape,
+        reply: ModelReply,
+        policies: dict[str, str],
+        resolve: Callable[[str], Tool | None],
+        origin: Origin,
+        turn: tuple[int, str, dict[str, Any]],
+        after: list[TapeEntry],
+        usage: Counting | None,
+    ) -> TapeEntry:
+        """Write the step's `approval.request` (then `after`: its run and step events) with
+        the call's `usage`, in one transaction; returns the request as written. `turn`:
+        (seen through, turn id, payer)."""
+        seen_through, turn_id, payer = turn
+        request = await self.request(
+            reply.tool_calls,
+            reply.content,
+            policies,
+            resolve,
+            origin,
+            tape.name,
+            seen_through,
+            turn_id,
+            payer=payer,
+        )
+        written = await tape.append_many([request, *after], usage=usage)
+        return written[0]
 
     async def request(
         self,

@@ -188,27 +188,19 @@ class Agent:
                 },
                 *selector(entries),
             ]
-            if self.budgets is not None:
-                # Before every call: a call in flight when the budget ran out finishes its step.
-                spent = await self.budgets.check(charge_to)
-                if spent is not None:
-                    self._notify("refusal", {"reason": spent.reason})
-                    log.info(
-                        "budget.spent session=%s turn=%s scope=%s step=%d",
-                        tape.session_id,
-                        turn_id,
-                        spent.scope,
-                        step,
-                    )
-                    return await self._end(
-                        tape,
-                        "budget",
-                        spent.text(),
-                        step - 1,
-                        seen_through,
-                        usage_total,
-                        auto_handoff=auto_handed_off,
-                    )
+            # Before every call: a call in flight when the budget ran out finishes its step.
+            where = (tape.session_id or "", turn_id, step)
+            spent = await metering.spent(self.budgets, charge_to, self._notify, where)
+            if spent is not None:
+                return await self._end(
+                    tape,
+                    "budget",
+                    spent.text(),
+                    step - 1,
+                    seen_through,
+                    usage_total,
+                    auto_handoff=auto_handed_off,
+                )
             try:
                 schemas = [t.schema() for t in tools]
                 if model is None:
@@ -348,41 +340,24 @@ class Agent:
             if ASK in policies.values():
                 # A person decides first: the turn ends here, holding no worker or model; the
                 # decision enters the session like a message and `settle` runs the calls.
-                request = await self.gate.request(
-                    reply.tool_calls,
-                    reply.content,
+                done = {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)}
+                request = await self.gate.hold(
+                    tape,
+                    reply,
                     policies,
                     resolve,
                     origin,
-                    tape.name,
-                    seen_through,
-                    turn_id,
-                    payer=charge_to.to_json(),
-                )
-                written = await tape.append_many(
-                    [
-                        request,
-                        run_event,
-                        TapeEntry.event(
-                            "loop.step",
-                            {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)},
-                            context=False,
-                        ),
-                    ],
-                    usage=counting,  # the call that asked is paid for like any other
+                    (seen_through, turn_id, charge_to.to_json()),
+                    [run_event, TapeEntry.event("loop.step", done, context=False)],
+                    counting,  # the call that asked is paid for like any other
                 )
                 self._notify("approval", {"outcome": "requested"})
                 self._notify("turn", {"status": "approval"})
+                text_ = request.payload["data"]["text"]
                 return TurnResult(
-                    "approval",
-                    request.payload["data"]["text"],
-                    written[0].id,
-                    seen_through,
-                    step,
-                    auto_handed_off,
-                    usage_total,
-                    written[0],
-                )
+                    "approval", text_, request.id, seen_through, step, auto_handed_off,
+                    usage_total, request,
+                )  # fmt: skip
             if progress is not None:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))

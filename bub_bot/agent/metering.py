@@ -4,13 +4,16 @@ each call is `Budgets.check(payer)`; calls outside the loop use `Budgets.charge`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..budgets import Budgets, Payer, step_usage
+from ..budgets import Budgets, Payer, Spent, step_usage
 from ..tape import Counting
 from .model import ModelReply
 from .tools import Origin
+
+log = logging.getLogger("bub_bot.agent.loop")
 
 
 def payer_of(origin: Origin, session_id: str) -> Payer:
@@ -29,6 +32,30 @@ def charge_of(origin: Origin, session_id: str, parent: dict[str, Any] | None) ->
         return payer_of(origin, session_id)
     meta = {"channel": parent.get("channel", ""), "sender": parent.get("sender") or {}}
     return Payer.of(str(parent.get("session_id") or session_id), meta)
+
+
+async def spent(
+    budgets: Budgets | None,
+    payer: Payer,
+    notify: Callable[[str, dict[str, Any]], None],
+    where: tuple[str, str, int],
+) -> Spent | None:
+    """The budget `payer` has used up, if any (checked before each model call; None: go on,
+    or nothing is counted here). `where`: (session id, turn id, step), for the log line."""
+    if budgets is None:
+        return None
+    found = await budgets.check(payer)
+    if found is not None:
+        notify("refusal", {"reason": found.reason})
+        session_id, turn_id, step = where
+        log.info(
+            "budget.spent session=%s turn=%s scope=%s step=%d",
+            session_id,
+            turn_id,
+            found.scope,
+            step,
+        )
+    return found
 
 
 def step_counting(
