@@ -228,3 +228,34 @@ async def test_a_real_subagents_calls_count_once_for_the_person_who_asked(
     rows = await built.budgets.rows(["u:test:u1", "c:test:a", "t"])
     assert rows["u:test:u1"][0].tokens == 3 * 110
     assert rows["c:test:a"][0].tokens == 3 * 110 and rows["t"][0].tokens == 3 * 110
+
+
+async def test_a_subagent_of_work_run_for_someone_else_is_charged_to_them(
+    store: SQLiteTapeStore, agent, workspace, fake_openai
+) -> None:
+    """A turn whose origin carries `payer` (an approval's continuation: the clicker is its
+    sender, the person who asked pays) charges its subagent's calls to that payer too."""
+    from bub_bot.agent import default_registry
+    from bub_bot.agent.subagent import Subagents, register_subagent_tool
+
+    registry = default_registry()
+    built = agent(registry)
+    register_subagent_tool(registry, Subagents(built))
+    built.budgets = Budgets.for_settings(store, built.settings)
+    tape = Tape.for_session(store, "test:a", workspace)
+    await tape.append_message({"role": "user", "content": "research llamas"})
+    fake_openai.script(
+        tool_calls([("subagent", {"prompt": "summarise llamas"})], usage=USED),
+        text("llamas are camelids", usage=USED),
+        text("done", usage=USED),
+    )
+    clicker = Origin(
+        session_id="test:a",
+        channel="test",
+        sender={"id": "clicker"},
+        payer=Payer("test:a", "test:asker", "test").to_json(),
+    )
+    assert (await built.run_turn(tape, origin=clicker)).reply == "done"
+    rows = await built.budgets.rows(["u:test:asker", "u:test:clicker", "t"])
+    assert rows["u:test:asker"][0].tokens == 3 * 110 == rows["t"][0].tokens
+    assert rows["u:test:clicker"][0].tokens == 0

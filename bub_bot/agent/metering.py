@@ -31,6 +31,8 @@ def charge_of(origin: Origin, session_id: str, parent: dict[str, Any] | None) ->
     if parent is None:
         return payer_of(origin, session_id)
     meta = {"channel": parent.get("channel", ""), "sender": parent.get("sender") or {}}
+    if isinstance(parent.get("payer"), dict) and parent["payer"]:
+        meta["payer"] = parent["payer"]  # the parent's work ran for someone else: they pay
     return Payer.of(str(parent.get("session_id") or session_id), meta)
 
 

@@ -37,8 +37,12 @@ class Origin:
 
 
 def payer_of(origin: Origin) -> dict[str, Any]:
-    """Whom a turn's model use is charged to: its origin's conversation and person."""
-    return {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
+    """Whom a turn's model use is charged to: its origin's conversation and person (and its
+    `payer` when the work runs for someone else: it wins, `metering.charge_of`)."""
+    found = {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
+    if origin.payer:
+        found["payer"] = dict(origin.payer)
+    return found
 
 
 @dataclass
