@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
     are not public (bub_bot/netguard.py)."""
 
+    # file tools and workspace files (bub_bot/agent/fs_tools.py, workspace_files.py)
+    fs_write_max_bytes: int = Field(default=1024 * 1024, ge=1, le=1024**3)
+    fs_allow_hardlinks: bool = False
+
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
     resume_window_seconds: float = Field(default=900.0, ge=0)

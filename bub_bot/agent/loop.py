@@ -103,7 +103,13 @@ class Agent:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
-        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
+        ctx = ToolContext(
+            tape=tape,
+            workspace=workspace,
+            settings=self.settings,
+            origin=origin,
+            scrubber=self.scrub,
+        )
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
         seen_through = 0

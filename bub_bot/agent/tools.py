@@ -14,6 +14,7 @@ import pydantic
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from ..secrets import Scrubber
     from ..tape import Tape, TapeEntry
 
 
@@ -43,6 +44,8 @@ class ToolContext:
     handed_off: bool = False
     origin: Origin = field(default_factory=Origin)
     """The conversation and person the turn is for (tools that post later: schedules)."""
+    scrubber: Scrubber | None = None
+    """The agent's scrubber (every secret it knows); tools scrub what they read with it."""
 
 
 class ToolError(Exception):
