@@ -92,8 +92,40 @@ def _read_page(
     return _read_text(opened, path, offset, limit, scrub)
 
 
+def _edit(
+    root: Path,
+    path: str,
+    old: str,
+    new: str,
+    replace_all: bool,
+    max_bytes: int,
+    policy: wf.FilePolicy,
+) -> str:
+    data = wf.read_file(root, path, max_bytes, policy)
+    if b"\0" in data[:BINARY_SNIFF]:
+        raise ToolError(f"{path!r} is a binary file; fs_edit edits text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{path!r} is not UTF-8 text; fs_edit edits text") from None
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(f"`old` was found 0 times in {path!r}; nothing changed")
+    if count > 1 and not replace_all:
+        raise ToolError(
+            f"`old` was found {count} times in {path!r}; nothing changed (give more context"
+            " so it is found once, or set replace_all=true)"
+        )
+    result = text.replace(old, new).encode("utf-8")
+    if len(result) > max_bytes:
+        raise ToolError(f"the edited {path!r} would be larger than {max_bytes} bytes")
+    wf.write_file_atomic(root, path, result, policy)
+    times = "1 occurrence" if count == 1 else f"{count} occurrences"
+    return f"edited {path!r}: replaced {times} ({len(result)} bytes)"
+
+
 def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
-    """Add fs.list and fs.read to `registry`."""
+    """Add fs.list, fs.read, fs.write and fs.edit to `registry`."""
 
     @registry.tool("fs.list")
     async def fs_list(ctx: ToolContext, path: str = ".") -> list[str]:
@@ -131,6 +163,45 @@ def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
             f"{text}\n\n[fs_read stopped before the end of {path!r}: this is characters"
             f" {offset}-{end} of {of}. Continue with fs_read(path={path!r}, offset={end})]"
         )
+
+    @registry.tool("fs.write")
+    async def fs_write(
+        ctx: ToolContext,
+        path: Annotated[str, Field(description="file path relative to the workspace")],
+        content: Annotated[str, Field(description="the whole new content (UTF-8 text)")],
+    ) -> str:
+        """Create or replace a text file in the workspace (missing parent directories are created). The write is atomic."""
+        data = content.encode("utf-8")
+        cap = ctx.settings.fs_write_max_bytes
+        if len(data) > cap:
+            raise ToolError(
+                f"content is {len(data)} bytes, more than BUB_FS_WRITE_MAX_BYTES ({cap});"
+                " nothing written"
+            )
+        policy = file_policy(ctx.settings)
+        try:
+            size = await asyncio.to_thread(wf.write_file_atomic, ctx.workspace, path, data, policy)
+        except wf.WorkspaceError as exc:
+            raise ToolError(str(exc)) from None
+        return f"wrote {size} bytes to {path!r}"
+
+    @registry.tool("fs.edit")
+    async def fs_edit(
+        ctx: ToolContext,
+        path: Annotated[str, Field(description="file path relative to the workspace")],
+        old: Annotated[str, Field(min_length=1, description="exact text to replace")],
+        new: Annotated[str, Field(description="the replacement text")],
+        replace_all: bool = False,
+    ) -> str:
+        """Replace `old` with `new` in a workspace file. `old` must occur exactly once unless replace_all is true; otherwise nothing changes and the result says how many times it was found."""
+        policy = file_policy(ctx.settings)
+        cap = ctx.settings.fs_write_max_bytes
+        try:
+            return await asyncio.to_thread(
+                _edit, ctx.workspace, path, old, new, replace_all, cap, policy
+            )
+        except wf.WorkspaceError as exc:
+            raise ToolError(str(exc)) from None
 
     return registry
 
