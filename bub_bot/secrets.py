@@ -155,6 +155,38 @@ SECRET_FILE_PATTERNS = (
     ".azure",
     ".kube",
     ".docker",
+    # tool and cloud credentials, shell and REPL histories (issue 18 §4)
+    ".envrc",
+    ".vault-token",
+    ".my.cnf",
+    ".mylogin.cnf",
+    ".s3cfg",
+    ".boto",
+    ".terraformrc",
+    "terraform.rc",
+    ".terraform.d",
+    "credentials.*",
+    ".credentials",
+    "*service-account*.json",
+    "*service_account*.json",
+    "*.keytab",
+    ".yarnrc.yml",
+    ".password-store",
+    ".bash_history",
+    ".zsh_history",
+    ".sh_history",
+    ".history",
+    "*_history",
+    ".histfile",
+)
+# Paths of several components (matched against consecutive parts): credential files whose
+# own name is too common to refuse alone.
+SECRET_PATH_PATTERNS = (
+    ("gh", "hosts.yml"),
+    ("gh", "hosts.yaml"),
+    (".config", "gcloud"),
+    (".config", "hub"),
+    (".config", "rclone"),
 )
 # Templates meant to be committed, without real values.
 SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.dist")
@@ -162,19 +194,25 @@ SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.
 
 def secret_path_match(path: PurePath) -> str | None:
     """The pattern that makes `path` (relative to the workspace) a secret file, or None."""
-    for part in path.parts:
-        name = part.lower()
+    names = [part.lower() for part in path.parts]
+    for name in names:
         if name in SECRET_FILE_EXCEPTIONS:
             continue
         for pattern in SECRET_FILE_PATTERNS:
             if fnmatchcase(name, pattern):
                 return pattern
+    for several in SECRET_PATH_PATTERNS:
+        for start in range(len(names) - len(several) + 1):
+            window = names[start : start + len(several)]
+            if all(fnmatchcase(n, p) for n, p in zip(window, several, strict=True)):
+                return "/".join(several)
     return None
 
 
 __all__ = [
     "REDACTED",
     "SECRET_FILE_PATTERNS",
+    "SECRET_PATH_PATTERNS",
     "Scrubber",
     "secret_path_match",
     "secret_setting_names",

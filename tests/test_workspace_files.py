@@ -154,3 +154,31 @@ async def test_fs_read_through_the_registry_is_safe_and_uses_the_agent_scrubber(
     assert ok and body == "token=[redacted] here"
     ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "linked2.txt"}))
     assert not ok and "hard links" in body
+
+
+def test_common_credential_files_are_refused(tmp_path):
+    names = [
+        ".envrc",
+        ".cargo/credentials.toml",
+        ".config/gh/hosts.yml",
+        ".vault-token",
+        ".my.cnf",
+        ".s3cfg",
+        ".boto",
+        ".terraformrc",
+        "service-account.json",
+        "deploy/my-service-account-key.json",
+        ".bash_history",
+        ".zsh_history",
+        ".python_history",
+        ".psql_history",
+        ".config/gcloud/application_default_credentials.json",
+    ]
+    for name in names:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("SECRET")
+        with pytest.raises(wf.WorkspaceError, match="may hold secrets"):
+            wf.read_file(tmp_path, name, 100)
+    (tmp_path / "hosts.yml").write_text("fine")
+    assert wf.read_file(tmp_path, "hosts.yml", 100) == b"fine"

@@ -47,7 +47,8 @@ class FilePolicy:
     """What an operator decides about file access beneath a workspace."""
 
     protected: tuple[Path, ...] = ()
-    """Absolute paths never opened, nor anything beneath them (BUB_HOME, the database)."""
+    """Absolute paths never opened, nor anything beneath them (BUB_HOME, the database);
+    one that holds the workspace itself only keeps its other parts out of reach."""
     allow_hardlinks: bool = False
     """Open regular files with more than one link (BUB_FS_ALLOW_HARDLINKS)."""
 
@@ -84,8 +85,11 @@ def check_secret(path: str, parts: tuple[str, ...]) -> None:
 def _check_protected(root: Path, path: str, parts: tuple[str, ...], policy: FilePolicy) -> None:
     if not policy.protected:
         return
-    target = Path(os.path.realpath(root)).joinpath(*parts)
+    base = Path(os.path.realpath(root))
+    target = base.joinpath(*parts)
     for own in policy.protected:
+        if own == base or own in base.parents:
+            continue  # the workspace lies inside it (the default $BUB_HOME/workspace)
         if target == own or own in target.parents:
             raise WorkspaceError(
                 f"refused: {path!r} is bub-bot's own data (the tapes of every conversation)"
