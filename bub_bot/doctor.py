@@ -11,7 +11,8 @@ from typing import TextIO
 import aiohttp
 
 from .config import DEFAULT_OPENAI_BASE_URL, Settings
-from .logs import RedactSecrets, secrets_of
+from .logs import RedactSecrets
+from .secrets import known_secrets
 from .tape import open_store, parse_database_url
 
 TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -211,7 +212,7 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         checks.append(("telegram", check_telegram))
     if settings.slack_enabled:
         checks.append(("slack", check_slack))
-    scrub = RedactSecrets(secrets_of(settings)).scrub  # error texts may quote URLs with tokens
+    scrub = RedactSecrets(known_secrets(settings)).scrub  # error texts may quote URLs with tokens
     failed = 0
 
     def show(name: str, result: Result) -> None:

@@ -134,7 +134,7 @@ def start_mcp(settings: Settings, agent: Agent) -> McpManager | None:
     servers = load_mcp_config(settings.mcp_config)
     if not servers:
         return None
-    manager = McpManager(servers, settings.workspace)
+    manager = McpManager(servers, settings.workspace, agent.scrub)
     agent.tools.sources.append(manager)
     manager.start()
     return manager

@@ -54,3 +54,44 @@ async def test_readyz_does_not_show_a_servers_stderr(web, tmp_path: Path, monkey
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "could not connect to" in logged  # the operator still learns why
     assert "Sup3rS3cretPw" not in logged
+
+
+def test_literal_env_headers_and_url_passwords_are_secrets(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    servers = {
+        "db": {
+            "command": "postgres-mcp",
+            "args": ["--dsn", "postgresql://app:pw@db/app", "mysql://u:LiteralArgPw@h/d"],
+            "env": {"DB_DSN": "postgresql://app:EnvLiteralPw@db/app", "MODE": "read-only-mode"},
+        },
+        "search": {
+            "url": "https://bot:UrlPassw0rd@search.example.com/mcp",
+            "headers": {"Authorization": "Bearer LiteralHeaderToken123", "X-Team": "team-alpha"},
+        },
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    db, search = load_mcp_config(config, environ={})
+    for value in ("LiteralArgPw", "postgresql://app:EnvLiteralPw@db/app", "read-only-mode"):
+        assert value in db.secrets
+    assert "://app:pw@" in db.secrets  # a short password is redacted with its context
+    for value in ("UrlPassw0rd", "Bearer LiteralHeaderToken123", "LiteralHeaderToken123"):
+        assert value in search.secrets
+    assert "team-alpha" in search.secrets
+
+
+def test_one_union_scrubber_for_every_server_and_the_file_tools(tmp_path: Path, settings):
+    from bub_bot.agent.mcp import McpManager
+    from bub_bot.secrets import Scrubber
+
+    config = tmp_path / "mcp.json"
+    servers = {
+        "a": {"command": "a-mcp", "env": {"A_TOKEN": "server-a-token-123"}},
+        "b": {"url": "https://b.example.com/mcp", "headers": {"X-Key": "server-b-key-456"}},
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    conf = settings(mcp_config=config)
+    agent_scrub = Scrubber.for_settings(conf)
+    text = "a says server-b-key-456, b says server-a-token-123, and sk-test"
+    assert agent_scrub.text(text) == "a says [redacted], b says [redacted], and [redacted]"
+    manager = McpManager(load_mcp_config(config, environ={}), tmp_path)
+    assert manager.scrubber.text(text).count("[redacted]") == 2
