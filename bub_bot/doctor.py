@@ -11,6 +11,7 @@ from typing import TextIO
 import aiohttp
 
 from .config import DEFAULT_OPENAI_BASE_URL, Settings
+from .hardening import readable_by_others
 from .logs import RedactSecrets
 from .secrets import known_secrets
 from .tape import open_store, parse_database_url
@@ -231,6 +232,9 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         show(name, result)
     for name, result in await check_mcp(settings):
         show(name, result)
+    warning = readable_by_others(settings.home)
+    if warning:
+        print(scrub(f"warn  home      {warning}"), file=out)
     if not settings.telegram_enabled and not settings.slack_enabled:
         print(
             "note  channels  none configured (set BUB_TELEGRAM_TOKEN or BUB_SLACK_BOT_TOKEN)",

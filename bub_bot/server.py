@@ -17,6 +17,7 @@ from channels.base import Announces, Channel
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.schedule_tools import register_schedule_tools
 from .config import MODEL_MISSING, ConfigError, Settings
+from .hardening import private_dir
 from .runtime import Runtime
 from .tape import TapeStore, open_store
 from .tape.leases import owner_id
@@ -72,6 +73,10 @@ class Bot:
     ) -> Bot:
         """Open the database and build the agent and runtime (channels are not started);
         `clock` is when jobs are due (tests move their own)."""
+        try:  # before the database: BUB_HOME holds the tapes and must be private
+            private_dir(settings.home)
+        except OSError as exc:
+            log.warning("cannot create BUB_HOME %s: %s", settings.home, exc)
         store = await open_store(settings)
         log.info(
             "store.opened kind=%s at=%s schema=v%d",
