@@ -53,6 +53,15 @@ def secrets_of(settings: BaseModel) -> list[str]:
     return [v for v in dict.fromkeys(values) if len(v) >= MIN_SECRET_LENGTH]
 
 
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@", re.I)
+
+
+def redact_url_passwords(text: str) -> str:
+    """`text` with the password of every `scheme://user:password@` replaced (for texts
+    that may quote a connection string nobody configured as a secret)."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+
+
 def mcp_secrets(settings: BaseModel) -> list[str]:
     """The secrets of every server of BUB_MCP_CONFIG (none when unset or unreadable: the
     settings check reports a broken file)."""
@@ -238,6 +247,7 @@ __all__ = [
     "Scrubber",
     "known_secrets",
     "mcp_secrets",
+    "redact_url_passwords",
     "secret_path_match",
     "secret_setting_names",
     "secrets_of",

@@ -19,6 +19,7 @@ from .agent.schedule_tools import register_schedule_tools
 from .config import MODEL_MISSING, ConfigError, Settings
 from .hardening import private_dir
 from .runtime import Runtime
+from .secrets import redact_url_passwords
 from .tape import TapeStore, open_store
 from .tape.leases import owner_id
 
@@ -214,6 +215,8 @@ class BotServer:
             await asyncio.wait_for(bot.store.ping(), READY_DB_TIMEOUT)
         except Exception as exc:
             cause = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            # /readyz needs no token: no secret (a DSN's password) in what it shows.
+            cause = redact_url_passwords(bot.agent.scrub.text(cause))
             body["ok"], body["database"] = False, f"error: {cause or type(exc).__name__}"
         now = time.monotonic()
         for channel in bot.channels:
