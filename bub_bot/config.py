@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from pathlib import Path
@@ -172,6 +173,19 @@ class Settings(BaseSettings):
     web: bool = True
     web_token: str | None = None
     web_viewer: bool = True
+    # web login cookie and proxies (channels/web/auth.py, forwarded.py)
+    web_login_max_age_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=400 * 24 * 3600)
+    web_cookie_secure: bool = False
+    trusted_proxies: CsvList = Field(
+        default_factory=lambda: [
+            "127.0.0.0/8",
+            "::1/128",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "fc00::/7",
+        ]
+    )
 
     # telegram
     telegram_token: str | None = None
@@ -232,11 +246,22 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "trusted_proxies",
         mode="before",
     )
     @classmethod
     def _split_lists(cls, value: object) -> list[str]:
         return _csv(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or CIDR: {item!r}") from None
+        return value
 
     # -- derived ------------------------------------------------------------------------------
     @property
