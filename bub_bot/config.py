@@ -169,6 +169,13 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     metrics_token: str | None = None
 
+    # HTTP connection limits (bub_bot/http_limits.py): slow and idle clients are bounded
+    http_max_connections: int = Field(default=1000, ge=8, le=1_000_000)
+    http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    http_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    http_idle_timeout_seconds: float = Field(default=75.0, gt=0, le=3600)
+    web_max_streams_per_client: int = Field(default=32, ge=1, le=10_000)
+
     # web chat and tape viewer (channels/web)
     web: bool = True
     web_token: str | None = None

@@ -18,6 +18,7 @@ from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.schedule_tools import register_schedule_tools
 from .config import MODEL_MISSING, ConfigError, Settings
 from .hardening import private_dir
+from .http_limits import ConnectionGuard, GuardedSite
 from .runtime import Runtime
 from .secrets import redact_url_passwords
 from .tape import TapeStore, open_store
@@ -177,6 +178,13 @@ class BotServer:
         self.host = bot.settings.host if host is None else host
         self.port = bot.settings.port if port is None else port
         self.ready = False
+        conf = bot.settings
+        self.guard = ConnectionGuard(
+            max_connections=conf.http_max_connections,
+            header_timeout=conf.http_header_timeout_seconds,
+            body_timeout=conf.http_body_timeout_seconds,
+            idle_timeout=conf.http_idle_timeout_seconds,
+        )
         self.app = self._build()
         self._runner: web.AppRunner | None = None
 
@@ -189,7 +197,7 @@ class BotServer:
         return f"http://{host}:{self.port}"
 
     def _build(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self.guard.middleware])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         for channel in self.bot.channels:
@@ -234,9 +242,14 @@ class BotServer:
         return web.json_response(body, status=200 if body["ok"] else 503)
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        self._runner = web.AppRunner(
+            self.app,
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=self.bot.settings.http_idle_timeout_seconds,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = GuardedSite(self._runner, self.host, self.port, self.guard)
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
