@@ -51,3 +51,21 @@ async def test_the_cookie_expires_on_the_server(web) -> None:
         headers = {"Cookie": f"{COOKIE}={forged}"}
         status, _, _ = await status_of(http, "GET", w.url + "/api/conversations", headers=headers)
         assert status == 401
+
+
+async def test_event_streams_per_client_are_bounded(web) -> None:
+    from tests.web_client import WebChat
+
+    w = await web(web_max_streams_per_client=3)
+    async with aiohttp.ClientSession() as http:
+        chat = WebChat(http, w.url, TOKEN)
+        conversation = await chat.new_conversation()
+        streams = [await chat.events(conversation) for _ in range(3)]
+        url = f"{w.url}/api/conversations/{conversation}/events"
+        status, body, _ = await status_of(http, "GET", url, headers=chat.headers)
+        assert status == 429 and "BUB_WEB_MAX_STREAMS_PER_CLIENT" in body
+        # Another client (here: a bearer of another address would) is not affected, and the
+        # count is per client: the slots come back as the streams end (at their next write).
+        assert w.channel.chat.streams == {"127.0.0.1": 3}
+        for stream in streams:
+            await stream.close()
