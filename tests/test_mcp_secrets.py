@@ -95,3 +95,14 @@ def test_one_union_scrubber_for_every_server_and_the_file_tools(tmp_path: Path, 
     assert agent_scrub.text(text) == "a says [redacted], b says [redacted], and [redacted]"
     manager = McpManager(load_mcp_config(config, environ={}), tmp_path)
     assert manager.scrubber.text(text).count("[redacted]") == 2
+
+
+def test_url_passwords_are_redacted_from_texts_nobody_configured() -> None:
+    from bub_bot.secrets import redact_url_passwords
+
+    text = "could not connect to postgresql://app:pw@db/app; also mysql://u:p%40ss@h:3306/x"
+    assert redact_url_passwords(text) == (
+        "could not connect to postgresql://app:[redacted]@db/app;"
+        " also mysql://u:[redacted]@h:3306/x"
+    )
+    assert redact_url_passwords("https://example.com/a@b") == "https://example.com/a@b"
