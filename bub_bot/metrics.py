@@ -50,6 +50,25 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter("bub_tokens", "Model tokens by direction", ["direction"], registry=r)
+        # Usage (issue 23): bounded labels only (channels and configured models, no user ids).
+        self.usage_tokens = Counter(
+            "bub_usage_tokens",
+            "Model tokens charged to budgets by channel, model and direction",
+            ["channel", "model", "direction"],
+            registry=r,
+        )
+        self.usage_cost = Counter(
+            "bub_usage_cost_dollars",
+            "Model cost in US dollars (BUB_MODEL_PRICES) by channel and model",
+            ["channel", "model"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "bub_refusals",
+            "Messages and model calls refused by a limit, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.tool_calls = Counter(
             "bub_tool_calls", "Tool calls by tool and outcome", ["tool", "outcome"], registry=r
         )
@@ -57,6 +76,12 @@ class Metrics:
             "bub_spills", "Tool outputs spilled to the sidecar", ["outcome"], registry=r
         )
         self.auto_handoffs = Counter("bub_auto_handoffs", "Context-overflow handoffs", registry=r)
+        self.subagents = Counter(
+            "bub_subagents",
+            "Subagent runs by session mode (temp, inherit, named) and how they ended",
+            ["mode", "status"],
+            registry=r,
+        )
         self.replies = Counter(
             "bub_replies", "Reply pieces by channel and outcome", ["channel", "outcome"], registry=r
         )
@@ -133,6 +158,8 @@ class Metrics:
             ).inc()
         elif event == "command":
             self.commands.labels(*self._bound("commands", data.get("name", ""))).inc()
+        elif event == "refusal":
+            self.refusals.labels(*self._bound("refusals", data.get("reason", ""))).inc()
         elif event == "lease":
             self.lease_events.labels(*self._bound("leases", data.get("outcome", ""))).inc()
         elif event == "leader":
@@ -158,6 +185,13 @@ class Metrics:
             usage = data.get("usage") or {}
             self.tokens.labels("in").inc(usage.get("prompt_tokens") or 0)
             self.tokens.labels("out").inc(usage.get("completion_tokens") or 0)
+        elif event == "usage":
+            labels = self._bound("usage", data.get("channel", ""), data.get("model", ""))
+            self.usage_tokens.labels(*labels, "in").inc(data.get("tokens_in", 0))
+            self.usage_tokens.labels(*labels, "out").inc(data.get("tokens_out", 0))
+            self.usage_cost.labels(*labels).inc(data.get("cost", 0) / 1_000_000)
+        elif event == "refusal":
+            self.refusals.labels(*self._bound("refusals", data.get("reason", ""))).inc()
         elif event == "tool_call":
             outcome = "ok" if data.get("ok") else "error"
             self.tool_calls.labels(*self._bound("tools", data.get("tool", ""), outcome)).inc()
@@ -165,6 +199,9 @@ class Metrics:
             self.spills.labels("ok" if data.get("ok") else "failed").inc()
         elif event == "auto_handoff":
             self.auto_handoffs.inc()
+        elif event == "subagent":
+            labels = self._bound("subagents", data.get("mode", ""), data.get("status", ""))
+            self.subagents.labels(*labels).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

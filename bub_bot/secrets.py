@@ -186,8 +186,12 @@ SECRET_FILE_PATTERNS = (
     ".azure",
     ".kube",
     ".docker",
-    # tool and cloud credentials, shell and REPL histories (issue 18 §4)
+    # Found missing in a review: tool credentials, cloud SDKs, shell and REPL histories.
     ".envrc",
+    "credentials.*",
+    "*credentials*.json",
+    "service-account*.json",
+    "*-sa.json",
     ".vault-token",
     ".my.cnf",
     ".mylogin.cnf",
@@ -196,54 +200,60 @@ SECRET_FILE_PATTERNS = (
     ".terraformrc",
     "terraform.rc",
     ".terraform.d",
-    "credentials.*",
+    "*.tfrc.json",
+    "kubeconfig",
+    "*.kubeconfig",
+    ".gcloud",
+    ".oci",
+    ".password-store",
+    ".authinfo*",
+    ".bash_history",
+    ".zsh_history",
+    ".history",
+    ".*_history",
+    ".lesshst",
+    ".viminfo",
+    ".wget-hsts",
+    ".pgpass.conf",
+    ".config/gh",
+    ".config/gcloud",
+    # also refused on the security branch (issue 18 §4)
     ".credentials",
     "*service-account*.json",
     "*service_account*.json",
     "*.keytab",
     ".yarnrc.yml",
-    ".password-store",
-    ".bash_history",
-    ".zsh_history",
-    ".sh_history",
-    ".history",
-    "*_history",
     ".histfile",
-)
-# Paths of several components (matched against consecutive parts): credential files whose
-# own name is too common to refuse alone.
-SECRET_PATH_PATTERNS = (
-    ("gh", "hosts.yml"),
-    ("gh", "hosts.yaml"),
-    (".config", "gcloud"),
-    (".config", "hub"),
-    (".config", "rclone"),
+    "gh/hosts.yml",
+    "gh/hosts.yaml",
+    ".config/hub",
+    ".config/rclone",
 )
 # Templates meant to be committed, without real values.
 SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.dist")
 
 
 def secret_path_match(path: PurePath) -> str | None:
-    """The pattern that makes `path` (relative to the workspace) a secret file, or None."""
-    names = [part.lower() for part in path.parts]
-    for name in names:
+    """The pattern that makes `path` (relative to the workspace) a secret file, or None.
+
+    A pattern with a `/` matches consecutive parts (`.config/gh` anywhere in the path)."""
+    lowered = "/" + "/".join(part.lower() for part in path.parts) + "/"
+    for pattern in SECRET_FILE_PATTERNS:
+        if "/" in pattern and f"/{pattern}/" in lowered:
+            return pattern
+    for part in path.parts:
+        name = part.lower()
         if name in SECRET_FILE_EXCEPTIONS:
             continue
         for pattern in SECRET_FILE_PATTERNS:
-            if fnmatchcase(name, pattern):
+            if "/" not in pattern and fnmatchcase(name, pattern):
                 return pattern
-    for several in SECRET_PATH_PATTERNS:
-        for start in range(len(names) - len(several) + 1):
-            window = names[start : start + len(several)]
-            if all(fnmatchcase(n, p) for n, p in zip(window, several, strict=True)):
-                return "/".join(several)
     return None
 
 
 __all__ = [
     "REDACTED",
     "SECRET_FILE_PATTERNS",
-    "SECRET_PATH_PATTERNS",
     "Scrubber",
     "known_secrets",
     "mcp_secrets",

@@ -1,5 +1,7 @@
-"""fs.write and fs.edit through the scripted model: write, edit, read back; every refusal
-(`..`, absolute, a planted symlink, secret files, the tape database, BUB_HOME, size cap)."""
+"""fs.write and fs.edit through the scripted model and the agent loop (tests/
+test_workspace_files.py calls the registry directly): write, edit, read back, on the tape;
+every refusal reaches the model as an error and changes nothing (`..`, absolute, a planted
+symlink, secret files, the tape database at its own path, BUB_HOME, size cap, fs_edit too)."""
 
 from __future__ import annotations
 
@@ -31,10 +33,10 @@ async def test_write_edit_and_read_back_on_the_tape(fake_openai, agent, tape, wo
     assert result.status == "ok"
     requests = [r.body["messages"] for r in fake_openai.completion_requests()]
     results = tool_contents(requests[-1])
-    assert results[0] == "wrote 18 bytes to 'docs/plan.md'"
-    assert results[1].startswith("error: `old` was found 2 times in 'docs/plan.md'")
-    assert results[2].startswith("error: `old` was found 0 times in 'docs/plan.md'")
-    assert results[3].startswith("edited 'docs/plan.md': replaced 2 occurrences")
+    assert results[0] == "created 'docs/plan.md' (18 bytes)"
+    assert results[1].startswith("error: 'old' was found 2 times in 'docs/plan.md'")
+    assert results[2].startswith("error: 'old' was not found in 'docs/plan.md' (0 times)")
+    assert results[3].startswith("edited 'docs/plan.md': 2 replacement(s)")
     assert results[4] == "step two\nstep two\n"
     assert (workspace / "docs" / "plan.md").read_text() == "step two\nstep two\n"
     # Every write and edit is on the tape like any tool call.
@@ -77,13 +79,13 @@ async def test_refusals_change_nothing(fake_openai, agent, tape, workspace, tmp_
     assert all(r.startswith("error: ") for r in got), got
     assert "'..' is not allowed" in got[0]
     assert "absolute paths are not allowed" in got[1]
-    assert "is a symlink" in got[2]
-    assert "outside the workspace" in got[3]
+    assert "outside the workspace" in got[2] and "outside the workspace" in got[3]
     assert "may hold secrets" in got[4] and "may hold secrets" in got[5]
     assert all("own data" in r for r in got[6:9]), got[6:9]
     assert "BUB_FS_WRITE_MAX_BYTES" in got[9]
     assert "outside the workspace" in got[10]
     assert "may hold secrets" in got[11]
+    assert "not a file" in got[12]
     assert (outside / "target.txt").read_text() == OUTSIDE
     assert os.listdir(outside) == ["target.txt"]
     assert (workspace / ".env").read_text() == "KEY=1"

@@ -218,8 +218,35 @@ REFUSED = [
     "secrets.yaml",
     "infra/terraform.tfstate",
     "link_to_env.txt",  # a symlink to .env: the target decides
+    # found readable in a security review
+    ".envrc",
+    ".cargo/credentials.toml",
+    ".config/gh/hosts.yml",
+    ".vault-token",
+    ".my.cnf",
+    ".s3cfg",
+    ".boto",
+    ".terraformrc",
+    "service-account.json",
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".psql_history",
+    "deploy/my-service-account-key.json",
+    ".config/gcloud/application_default_credentials.json",
+    "home/.config/gh/hosts.yml",
+    "krb5.keytab",
+    ".histfile",
 ]
-ALLOWED = [".env.example", "environment.md", "notes.txt", ".gitignore", "keys.md", "monkey.txt"]
+ALLOWED = [
+    ".env.example",
+    "environment.md",
+    "notes.txt",
+    ".gitignore",
+    "keys.md",
+    "monkey.txt",
+    "hosts.yml",  # a common name alone; gh/hosts.yml is refused
+]
 
 
 @pytest.fixture

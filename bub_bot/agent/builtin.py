@@ -1,5 +1,5 @@
-"""Built-in tools: the tape (info, search, anchors, handoff), spill.read, the workspace files (fs_tools.py),
-web.fetch (web_fetch.py) and skill (skills.py)."""
+"""Built-in tools: the tape (info, search, anchors, handoff), spill.read, the workspace
+files (fs_tools.py), web.fetch (web_fetch.py) and skill (skills.py)."""
 
 from __future__ import annotations
 

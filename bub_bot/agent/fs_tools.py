@@ -1,22 +1,21 @@
-"""The file tools: fs.list, fs.read, fs.write, fs.edit — all through `workspace_files`
-(confined beneath the session's workspace, secret files and bub-bot's own data refused)."""
+"""The workspace file tools: fs.list, fs.read, fs.write, fs.edit.
+
+Every one goes through `WorkspaceFiles` (bub_bot/workspace_files.py): the same confinement
+and refusals for reading and writing, and files opened beneath the workspace without
+following a symlink that appeared after the check.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import io
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import Field
 
 from ..secrets import Scrubber
-from . import workspace_files as wf
+from ..workspace_files import FileRefused, WorkspaceFiles
 from .tools import ToolContext, ToolError, ToolRegistry
-
-if TYPE_CHECKING:
-    from ..config import Settings
 
 FS_READ_DEFAULT = 20_000
 FS_READ_LIMIT = 256 * 1024
@@ -26,34 +25,24 @@ COUNT_CHARS_UP_TO = 8 * 1024 * 1024
 BINARY_SNIFF = 8192
 
 
-def file_policy(settings: Settings) -> wf.FilePolicy:
-    """The operator's file policy: BUB_HOME and the tape database (with its journals) are
-    never opened; hard links as BUB_FS_ALLOW_HARDLINKS says."""
-    protected = [Path(os.path.realpath(settings.home.expanduser()))]
-    database = settings.database_path
-    if "://" not in database:
-        db = Path(os.path.realpath(Path(database).expanduser()))
-        protected += [db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")]
-    return wf.FilePolicy(tuple(protected), allow_hardlinks=settings.fs_allow_hardlinks)
-
-
-def _scrubber(ctx: ToolContext) -> Scrubber:
-    return ctx.scrubber if ctx.scrubber is not None else Scrubber.for_settings(ctx.settings)
+def workspace_files(ctx: ToolContext) -> WorkspaceFiles:
+    """The session's workspace as the file tools see it."""
+    return WorkspaceFiles.for_settings(ctx.workspace, ctx.settings)
 
 
 def _read_text(
-    opened: wf.Opened, name: str, offset: int, limit: int, scrub: Scrubber
+    files: WorkspaceFiles, name: str, offset: int, limit: int, scrub: Scrubber | None = None
 ) -> tuple[str, int, bool, int, int | None]:
-    """Characters `offset`..`offset+limit` of the UTF-8 file open as `opened`, line
-    endings kept, secrets replaced (also one that starts before the page or ends after it).
+    """Characters `offset`..`offset+limit` of a UTF-8 file, line endings kept as they are,
+    secrets replaced (also a secret that starts before the page or ends after it).
 
     Returns (text, characters read, whether more follows, size in bytes, total characters
-    or None when the file is too big to count cheaply). Reads from the descriptor that was
-    checked, no further than needed (except to count a file up to COUNT_CHARS_UP_TO bytes).
+    or None when the file is too big to count cheaply). Runs in a thread: it reads no
+    further than needed, except to count the characters of a file up to COUNT_CHARS_UP_TO.
     """
-    margin = max(scrub.longest - 1, 0)
-    with os.fdopen(opened.fd, "rb") as raw:
-        size = os.fstat(raw.fileno()).st_size
+    margin = max(scrub.longest - 1, 0) if scrub else 0
+    with files.open_text(name) as (raw, info):
+        size = info.st_size
         if b"\0" in raw.read(BINARY_SNIFF):
             raise ToolError(f"{name!r} is a binary file ({size} bytes); fs_read reads text")
         raw.seek(0)
@@ -82,46 +71,44 @@ def _read_text(
     return text, read, more, size, total
 
 
-def _read_page(
-    root: Path, path: str, offset: int, limit: int, policy: wf.FilePolicy, scrub: Scrubber
-) -> tuple[str, int, bool, int, int | None]:
-    try:
-        opened = wf.open_file(root, path, policy)
-    except wf.WorkspaceError as exc:
-        raise ToolError(str(exc)) from None
-    return _read_text(opened, path, offset, limit, scrub)
+def _encoded(ctx: ToolContext, path: str, content: str) -> bytes:
+    data = content.encode("utf-8")
+    cap = ctx.settings.fs_write_max_bytes
+    if len(data) > cap:
+        raise ToolError(
+            f"refused: {path!r} would be {len(data)} bytes, over the limit of {cap}"
+            " (BUB_FS_WRITE_MAX_BYTES)"
+        )
+    return data
 
 
 def _edit(
-    root: Path,
-    path: str,
-    old: str,
-    new: str,
-    replace_all: bool,
-    max_bytes: int,
-    policy: wf.FilePolicy,
+    files: WorkspaceFiles, ctx: ToolContext, path: str, old: str, new: str, replace_all: bool
 ) -> str:
-    data = wf.read_file(root, path, max_bytes, policy)
-    if b"\0" in data[:BINARY_SNIFF]:
+    cap = ctx.settings.fs_write_max_bytes
+    try:
+        raw = files.read_bytes(path, cap)
+    except FileRefused as exc:
+        raise ToolError(str(exc)) from None
+    if b"\0" in raw[:BINARY_SNIFF]:
         raise ToolError(f"{path!r} is a binary file; fs_edit edits text")
     try:
-        text = data.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolError(f"{path!r} is not UTF-8 text; fs_edit edits text") from None
     count = text.count(old)
     if count == 0:
-        raise ToolError(f"`old` was found 0 times in {path!r}; nothing changed")
+        raise ToolError(f"'old' was not found in {path!r} (0 times); nothing changed")
     if count > 1 and not replace_all:
         raise ToolError(
-            f"`old` was found {count} times in {path!r}; nothing changed (give more context"
-            " so it is found once, or set replace_all=true)"
+            f"'old' was found {count} times in {path!r}; give more context so it is unique,"
+            " or pass replace_all=true. Nothing changed"
         )
-    result = text.replace(old, new).encode("utf-8")
-    if len(result) > max_bytes:
-        raise ToolError(f"the edited {path!r} would be larger than {max_bytes} bytes")
-    wf.write_file_atomic(root, path, result, policy)
-    times = "1 occurrence" if count == 1 else f"{count} occurrences"
-    return f"edited {path!r}: replaced {times} ({len(result)} bytes)"
+    edited = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    files.write(path, _encoded(ctx, path, edited))
+    return (
+        f"edited {path!r}: {count if replace_all else 1} replacement(s), {len(edited)} characters"
+    )
 
 
 def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
@@ -130,11 +117,11 @@ def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
     @registry.tool("fs.list")
     async def fs_list(ctx: ToolContext, path: str = ".") -> list[str]:
         """List a directory of the workspace (directories end with /)."""
-        policy = file_policy(ctx.settings)
         try:
-            return await asyncio.to_thread(wf.list_dir, ctx.workspace, path, policy)
-        except wf.WorkspaceError as exc:
+            names = await asyncio.to_thread(workspace_files(ctx).list_dir, path)
+        except FileRefused as exc:
             raise ToolError(str(exc)) from None
+        return names or []  # None: the workspace directory was not created yet
 
     @registry.tool("fs.read")
     async def fs_read(
@@ -146,15 +133,12 @@ def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
         ] = FS_READ_DEFAULT,
     ) -> str:
         """Read a text file of the workspace, `limit` characters from `offset`. When the file goes on, the result ends with a note giving its size and the offset to continue from."""
-        text, read, more, size, total = await asyncio.to_thread(
-            _read_page,
-            ctx.workspace,
-            path,
-            offset,
-            limit,
-            file_policy(ctx.settings),
-            _scrubber(ctx),
-        )
+        try:
+            text, read, more, size, total = await asyncio.to_thread(
+                _read_text, workspace_files(ctx), path, offset, limit, ctx.scrub()
+            )
+        except FileRefused as exc:
+            raise ToolError(str(exc)) from None
         if not more:
             return text  # the whole rest of the file, exactly
         end = offset + read
@@ -167,43 +151,34 @@ def register_fs_tools(registry: ToolRegistry) -> ToolRegistry:
     @registry.tool("fs.write")
     async def fs_write(
         ctx: ToolContext,
-        path: Annotated[str, Field(description="file path relative to the workspace")],
-        content: Annotated[str, Field(description="the whole new content (UTF-8 text)")],
+        path: Annotated[str, Field(description="a path relative to the workspace")],
+        content: Annotated[str, Field(description="the whole new content of the file")],
     ) -> str:
         """Create or replace a text file in the workspace (missing parent directories are created). The write is atomic."""
-        data = content.encode("utf-8")
-        cap = ctx.settings.fs_write_max_bytes
-        if len(data) > cap:
-            raise ToolError(
-                f"content is {len(data)} bytes, more than BUB_FS_WRITE_MAX_BYTES ({cap});"
-                " nothing written"
-            )
-        policy = file_policy(ctx.settings)
+        data = _encoded(ctx, path, content)
         try:
-            size = await asyncio.to_thread(wf.write_file_atomic, ctx.workspace, path, data, policy)
-        except wf.WorkspaceError as exc:
+            replaced = await asyncio.to_thread(workspace_files(ctx).write, path, data)
+        except FileRefused as exc:
             raise ToolError(str(exc)) from None
-        return f"wrote {size} bytes to {path!r}"
+        return f"{'replaced' if replaced else 'created'} {path!r} ({len(data)} bytes)"
 
     @registry.tool("fs.edit")
     async def fs_edit(
         ctx: ToolContext,
-        path: Annotated[str, Field(description="file path relative to the workspace")],
-        old: Annotated[str, Field(min_length=1, description="exact text to replace")],
-        new: Annotated[str, Field(description="the replacement text")],
+        path: Annotated[str, Field(description="a path relative to the workspace")],
+        old: Annotated[str, Field(min_length=1, description="the exact text to replace")],
+        new: Annotated[str, Field(description="the text to put in its place")],
         replace_all: bool = False,
     ) -> str:
-        """Replace `old` with `new` in a workspace file. `old` must occur exactly once unless replace_all is true; otherwise nothing changes and the result says how many times it was found."""
-        policy = file_policy(ctx.settings)
-        cap = ctx.settings.fs_write_max_bytes
+        """Replace the exact text `old` with `new` in a workspace file. `old` must occur exactly once unless replace_all is true."""
         try:
             return await asyncio.to_thread(
-                _edit, ctx.workspace, path, old, new, replace_all, cap, policy
+                _edit, workspace_files(ctx), ctx, path, old, new, replace_all
             )
-        except wf.WorkspaceError as exc:
+        except FileRefused as exc:
             raise ToolError(str(exc)) from None
 
     return registry
 
 
-__all__ = ["FS_READ_DEFAULT", "FS_READ_LIMIT", "file_policy", "register_fs_tools"]
+__all__ = ["register_fs_tools", "workspace_files"]

@@ -10,15 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
-from ..tape.context import Selector
-from . import spill
+from ..tape.context import Selector, load_selector
+from . import metering, spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
+from .policy import Policies
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
-from .tools import Origin, ToolContext, ToolRegistry
+from .tools import Origin, ToolContext, ToolRegistry, payer_of
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,26 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.policies = Policies(settings)
+        """Which tool groups and network each session gets (BUB_TOOLS, BUB_WORKSPACE_MAP)."""
+        self.shell: Any = None
+        """The bash tools' job table (`bub_bot.agent.bash.Shell`) when bash is offered."""
+        self.budgets: Budgets | None = None
+        """Checked before each model call; each call's usage is written with its `run` event
+        (the runtime sets it; None: nothing counted)."""
+        self.selector: Selector = (
+            load_selector(settings.context_selector)
+            if settings.context_selector
+            else default_selector
+        )
+        """Entries -> messages for every model call (BUB_CONTEXT_SELECTOR, else the default)."""
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
+
+    def notify(self, name: str, data: dict[str, Any]) -> None:
+        """Tell the observers (metrics) of an event of work the agent ran (subagents)."""
+        self._notify(name, data)
 
     def _notify(self, name: str, data: dict[str, Any]) -> None:
         for hook in self.hooks:
@@ -73,13 +92,18 @@ class Agent:
         new_messages: Sequence[dict[str, Any]] = (),
         *,
         workspace: Path | None = None,
-        selector: Selector = default_selector,
+        selector: Selector | None = None,
         entry_filter: EntryFilter | None = None,
         before_step: Callable[[int], Awaitable[None]] | None = None,
         turn_id: str = "",
         turn_start: int | None = None,
         progress: ProgressCallback | None = None,
         origin: Origin | None = None,
+        depth: int = 0,
+        allowed_tools: frozenset[str] | None = None,
+        model: str | None = None,
+        max_steps: int | None = None,
+        payer: dict[str, Any] | None = None,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -92,30 +116,47 @@ class Agent:
         `progress` sees each step as it is written (its text so far; the names of the tools
         a step calls): the model streams when it is given. `origin`: where the turn's work
         came from, for the tools (`ToolContext.origin`).
+
+        A subagent's turn (bub_bot/agent/subagent.py) passes its `depth`, the tool names it
+        may use (`allowed_tools`), its `model` and `max_steps`, and `payer`: the origin of
+        the parent turn, recorded in its `loop.start` and `run` events (whom its model use
+        is charged to).
         """
         workspace = workspace or self.settings.workspace
+        selector = selector or self.selector
         started_turn = time.perf_counter()
         first = [TapeEntry.message(m) for m in new_messages]
-        first.append(TapeEntry.event("loop.start", {"turn": turn_id}, context=False))
+        start: dict[str, Any] = {"turn": turn_id}
+        if payer is not None:
+            start["payer"] = payer
+        first.append(TapeEntry.event("loop.start", start, context=False))
         # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
         written = await tape.append_many(first, bootstrap=True)
         if turn_start is None:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
+        policy = self.policies.for_session(origin.session_id or tape.session_id or "")
         ctx = ToolContext(
             tape=tape,
             workspace=workspace,
             settings=self.settings,
             origin=origin,
+            groups=policy.groups,
+            network=policy.network,
+            depth=depth,
+            allowed_tools=allowed_tools,
+            model=model,
             scrubber=self.scrub,
         )
+        max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
+        charge_to = metering.charge_of(origin, tape.session_id or "", payer)
         seen_through = 0
         auto_handed_off = False
         step = 0
-        while step < self.settings.max_steps:
+        while step < max_steps:
             step += 1
             if before_step is not None:
                 await before_step(step)
@@ -126,7 +167,9 @@ class Agent:
             entries = visible(raw)
             if entry_filter is not None:
                 entries = entry_filter(entries)
-            tools = self.tools.visible(workspace)
+            tools = self.tools.visible(workspace, policy.groups)
+            if allowed_tools is not None:
+                tools = [t for t in tools if t.name in allowed_tools]
             messages = [
                 {
                     "role": "system",
@@ -138,9 +181,35 @@ class Agent:
                 },
                 *selector(entries),
             ]
+            if self.budgets is not None:
+                # Before every call: a call in flight when the budget ran out finishes its step.
+                spent = await self.budgets.check(charge_to)
+                if spent is not None:
+                    self._notify("refusal", {"reason": spent.reason})
+                    log.info(
+                        "budget.spent session=%s turn=%s scope=%s step=%d",
+                        tape.session_id,
+                        turn_id,
+                        spent.scope,
+                        step,
+                    )
+                    return await self._end(
+                        tape,
+                        "budget",
+                        spent.text(),
+                        step - 1,
+                        seen_through,
+                        usage_total,
+                        auto_handoff=auto_handed_off,
+                    )
             try:
                 schemas = [t.schema() for t in tools]
-                reply = await self.model.complete(messages, schemas, on_progress=progress)
+                if model is None:
+                    reply = await self.model.complete(messages, schemas, on_progress=progress)
+                else:
+                    reply = await self.model.complete(
+                        messages, schemas, on_progress=progress, model=model
+                    )
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
@@ -209,18 +278,31 @@ class Agent:
             for key, value in reply.usage.items():
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
-            self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
-            run_event = TapeEntry.event(
-                "run",
+            counting = None
+            if self.budgets is not None:
+                counting = metering.step_counting(
+                    self.budgets, charge_to, reply, messages, origin.channel, self._notify
+                )
+            self._notify(
+                "model_call",
                 {
-                    "model": reply.model,
+                    "latency_ms": reply.latency_ms,
                     "usage": reply.usage,
-                    "latency_ms": round(reply.latency_ms, 1),
-                    "step": step,
-                    "turn": turn_id,
+                    # Whom the call is for: a subagent's is charged to its parent turn's origin.
+                    "payer": payer or payer_of(origin),
+                    "subagent": payer is not None,
                 },
-                context=False,
             )
+            run_data: dict[str, Any] = {
+                "model": reply.model,
+                "usage": reply.usage,
+                "latency_ms": round(reply.latency_ms, 1),
+                "step": step,
+                "turn": turn_id,
+            }
+            if payer is not None:
+                run_data["payer"] = payer
+            run_event = TapeEntry.event("run", run_data, context=False)
             if not reply.tool_calls:
                 final = TapeEntry.message(
                     {"role": "assistant", "content": reply.content},
@@ -236,7 +318,8 @@ class Agent:
                             {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
                             context=False,
                         ),
-                    ]
+                    ],
+                    usage=counting,
                 )
                 self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
                 return TurnResult(
@@ -254,6 +337,11 @@ class Agent:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))
             step_entries = await self._run_tools(ctx, tape, reply)
+            step_entries.extend(ctx.records)
+            ctx.records = []
+            for key, value in ctx.usage.items():
+                usage_total[key] = usage_total.get(key, 0) + value
+            ctx.usage = {}
             step_entries.append(run_event)
             step_entries.append(
                 TapeEntry.event(
@@ -267,10 +355,10 @@ class Agent:
                 step_entries.extend(await _turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await tape.append_many(step_entries)
+            await tape.append_many(step_entries, usage=counting)
 
         note = (
-            f"I stopped after {self.settings.max_steps} steps without a final answer."
+            f"I stopped after {max_steps} steps without a final answer."
             " Ask me to continue, or narrow the request."
         )
         return await self._end(

@@ -29,8 +29,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field
 
+from .. import beneath
 from ..secrets import secret_path_match
-from .beneath import open_beneath as _open_beneath
 from .tools import ToolContext, ToolError, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,25 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def open_beneath(root: Path, parts: Sequence[str], *, directory: bool = False) -> int:
-    """A file descriptor of `root/parts...` (a directory or a regular file), following no
-    symlink at all beneath `root` (ELOOP): the shared `beneath.open_beneath`, strict.
-    `root` itself is the operator's path and may contain symlinks. The caller closes it."""
-    for part in parts:
-        if part in ("", ".", "..") or "/" in part:
-            raise OSError(errno.EINVAL, f"bad path component {part!r}")
-    return _open_beneath(root, parts, directory=directory, symlinks=False).fd
+    """A file descriptor of `root/parts...`, following no symlink beneath `root`
+    (bub_bot/beneath.py: a symlink anywhere below `root` fails instead of leading
+    elsewhere); the last must be a directory (`directory`) or a regular file (else OSError
+    EINVAL). `root` itself is the operator's path and may contain symlinks. The caller
+    closes the descriptor."""
+    base = os.open(root, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+    try:
+        flags = os.O_RDONLY | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+        fd = beneath.open_beneath(base, parts, flags)
+    finally:
+        os.close(base)
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_beneath(root: Path, parts: Sequence[str], limit: int = MAX_FILE_BYTES) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 from channels.base import Inbound, Received
 
 from .. import commands
+from ..budgets import Budgets
 from ..tape import Tape, TapeEntry, TapeStore
 from .facts import command_name
 from .placement import Placement
@@ -89,7 +90,10 @@ class Ingress:
         sessions: Sessions,
         replicas: Replicas,
         emit: Callable[..., None],
+        budgets: Budgets | None = None,
     ) -> None:
+        self.budgets = budgets
+        """Counts each user message (with it, one transaction) and refuses one over a rate."""
         self.store = store
         self.placement = placement
         self.sessions = sessions
@@ -110,12 +114,17 @@ class Ingress:
         tape = (
             known.tape if known is not None else Tape.for_session(self.store, session_id, workspace)
         )
+        counting = None
+        if self.budgets is not None and arrival.entry.meta.get("origin") != "schedule":
+            # A scheduled message is the operator's schedule, not a person writing: not rated.
+            counting = self.budgets.inbound(session_id, arrival.entry)
         written = await self.store.append_many(
             tape.name,
             [arrival.entry],
             dedupe_keys=arrival.keys,
             bootstrap=Tape.bootstrap_anchor(workspace),
             session_id=session_id,
+            usage=counting,
         )
         self.last_inbound[arrival.channel] = time.monotonic()
         if written is None:
@@ -127,6 +136,16 @@ class Ingress:
                 await self.replicas.claim(self.sessions.open(session_id, workspace))
             return Received(new=False)
         entry = written[0]
+        refused = entry.meta.get("refused")
+        if refused:
+            log.info(
+                "inbound.refused session=%s entry=%d reason=%s note=%s",
+                session_id,
+                entry.id,
+                refused["reason"],
+                refused["note"],
+            )
+            self._emit("refusal", reason=refused["reason"])
         command = command_name(entry)
         log.info(
             "inbound.new session=%s channel=%s entry=%d%s",
@@ -136,6 +155,8 @@ class Ingress:
             f" command=/{command}" if command is not None else "",
         )
         self._emit("inbound", channel=arrival.channel, outcome="new")
+        if self.budgets is not None and self.budgets.limits.any_rate:
+            await self.budgets.prune()  # housekeeping of short windows, hourly
         await self.wake(session_id, workspace, entry)
         return Received(new=True, entry_id=entry.id)
 

@@ -155,6 +155,7 @@ class TurnRunner:
             reply_target=dict(meta.get("reply_target") or {}),
             sender=dict(meta.get("sender") or {}),
             via=str(meta.get("origin") or ""),
+            payer=dict(meta.get("payer") or {}),
         )
         try:
             result = await self.agent.run_turn(

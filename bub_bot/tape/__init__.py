@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .connect import open_store
 from .context import Selector, default_selector, visible
 from .entries import KINDS, PayloadError, TapeEntry, utc_now
+from .fork import ForkTape, fork, open_fork
+from .forks import ForkError, ForkPoint, Merged
 from .names import archive_name, sidecar_name, tape_name
 from .query import AnchorNotFound
 from .sqlite import SQLiteTapeStore
@@ -20,6 +22,7 @@ from .store import (
 )
 from .tape import BOOTSTRAP_ANCHOR, Tape, TapeInfo
 from .urls import DatabaseURL, parse_database_url
+from .usage import Counting, UsageAdd, UsageRow
 
 if TYPE_CHECKING:
     from .postgres import PostgresTapeStore
@@ -38,8 +41,13 @@ __all__ = [
     "BOOTSTRAP_ANCHOR",
     "KINDS",
     "AnchorNotFound",
+    "Counting",
     "DatabaseURL",
     "DedupeRecord",
+    "ForkError",
+    "ForkPoint",
+    "ForkTape",
+    "Merged",
     "PayloadError",
     "PostgresTapeStore",
     "SQLiteTapeStore",
@@ -51,8 +59,12 @@ __all__ = [
     "TapeStore",
     "TapeStoreError",
     "TapeSummary",
+    "UsageAdd",
+    "UsageRow",
     "archive_name",
     "default_selector",
+    "fork",
+    "open_fork",
     "open_store",
     "parse_database_url",
     "sidecar_name",

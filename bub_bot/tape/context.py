@@ -12,8 +12,11 @@ Selector = Callable[[Sequence[TapeEntry]], list[dict[str, Any]]]
 
 
 def visible(entries: Sequence[TapeEntry]) -> list[TapeEntry]:
-    """Drop entries marked `context=False` (operational records); runs before any selector."""
-    return [e for e in entries if e.meta.get("context", True) is not False]
+    """Drop entries marked `context=False` (operational records) and messages refused over a
+    rate limit (stored, never sent to the model); runs before any selector."""
+    return [
+        e for e in entries if e.meta.get("context", True) is not False and "refused" not in e.meta
+    ]
 
 
 def _as_text(value: Any) -> str:
@@ -75,3 +78,26 @@ def default_selector(entries: Sequence[TapeEntry]) -> list[dict[str, Any]]:
             )
         # event, system, error: audit only, never model input.
     return messages
+
+
+def load_selector(ref: str) -> Selector:
+    """The selector `module:function` names (BUB_CONTEXT_SELECTOR): a replacement strategy
+    (compaction, summary, retrieval) with the default's signature, entries -> messages.
+    ValueError says what is wrong with `ref`."""
+    import importlib
+
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{ref!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the module failing as it loads
+        raise ValueError(f"cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
+    found: Any = module
+    for part in attr.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise ValueError(f"{module_name!r} has no {attr!r}")
+    if not callable(found):
+        raise ValueError(f"{ref!r} is not callable")
+    return found

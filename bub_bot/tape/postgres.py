@@ -27,10 +27,13 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
+from . import postgres_forks
 from .entries import TapeEntry, safe_text, utc_now
+from .forks import ForkPoint, Merged, lifecycle_events
 from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
-from .names import SIDECAR_SEP, tape_role
+from .names import SIDECAR_SEP, archive_name, tape_role
 from .postgres_leases import WAITING, PostgresLeases
+from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
 from .store import (
@@ -45,8 +48,11 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
+    entry_row,
     firing_append,
+    fork_base,
     is_inbound,
+    new_tag,
     row_entry,
     with_ids,
 )
@@ -59,7 +65,7 @@ class _Refused(Exception):
     """Raised inside a write transaction to roll it back and return None."""
 
 
-class PostgresTapeStore(StoreBase):
+class PostgresTapeStore(PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -210,10 +216,21 @@ class PostgresTapeStore(StoreBase):
     # -- writes -------------------------------------------------------------------------------
     async def _append(self, append: Append) -> list[int] | None:
         w = append
-        if w.rows and not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None:
-            # The common append: one statement, one round trip (its own transaction).
-            async with self.pool.acquire() as conn:
-                ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+        simple = not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None
+        if w.rows and simple and w.decide is None:
+            # The common append: one statement, one round trip (its own transaction); with
+            # counters too (a step's usage with its `run` event).
+            for attempt in range(3):
+                try:
+                    async with self.pool.acquire() as conn:
+                        if w.adds:
+                            ids = await _allocate_count_and_insert(conn, w, utc_now())
+                        else:
+                            ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+                    break
+                except asyncpg.exceptions.DeadlockDetectedError:
+                    if attempt == 2:
+                        raise
             if ids is not None:
                 return ids
             # A new tape: created in the transaction below.
@@ -224,6 +241,37 @@ class PostgresTapeStore(StoreBase):
 
     async def _append_copies(self, copies: Copies) -> None:
         await self._write(_append_copies, copies)
+
+    # -- forks (tape/forks.py) -----------------------------------------------------------------
+    async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
+        """Fork `tape` and its sidecars at its last id (see TapeStore)."""
+        sid = safe_text(session_id) if session_id else None
+        forked = await self._write(postgres_forks.fork, tape, tag or new_tag(), sid, utc_now())
+        assert forked is not None
+        return forked
+
+    async def fork_point(self, name: str) -> ForkPoint | None:
+        """The stored fork `name` (None: not a fork, or merged or discarded)."""
+        async with self.pool.acquire() as conn:
+            return await postgres_forks.fork_point(conn, name)
+
+    async def forks(self, tape: str) -> list[str]:
+        """The live forks of `tape`, oldest first."""
+        async with self.pool.acquire() as conn:
+            return await postgres_forks.forks_of(conn, tape)
+
+    async def merge(self, name: str) -> Merged:
+        """Append the fork's entries (and its sidecars') to its parent; drop the fork."""
+        merged = await self._write(postgres_forks.merge, name, utc_now())
+        assert merged is not None
+        return merged
+
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop the fork (`whole`: or live tape; or archive it); returns the archive name
+        (None without `archive`, or when there was no such tape)."""
+        archived = archive_name(name) if archive else None
+        found = await self._write(postgres_forks.discard, name, archived, utc_now(), whole)
+        return archived if found else None
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
@@ -313,7 +361,8 @@ class PostgresTapeStore(StoreBase):
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT t.session_id,"
-                " (SELECT coalesce(max(id), 0) FROM bub_entries WHERE tape = t.id) AS entries,"
+                " coalesce((SELECT max(id) FROM bub_entries WHERE tape = t.id), t.base)"
+                " AS entries,"
                 " (SELECT count(*) FROM bub_entries WHERE tape = t.id AND kind = 'anchor')"
                 " AS anchors,"
                 " (SELECT coalesce(max(id), 0) FROM bub_entries"
@@ -452,6 +501,23 @@ _ALLOCATE_AND_INSERT = (
 )
 
 
+# The common append with counters, in one statement (one round trip, atomic): the counters
+# are added only when the tape row exists (`t` returned it), so the fallback for a new tape
+# cannot count twice.
+_ALLOCATE_COUNT_AND_INSERT = _ALLOCATE_AND_INSERT.replace(
+    " INSERT INTO bub_entries",
+    ", u AS ("
+    + USAGE_UPSERT.format(
+        now="$16",
+        arrays="$9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],"
+        " $14::bigint[], $15::bigint[]",
+        where=" WHERE EXISTS (SELECT 1 FROM t)",
+    )
+    + ") INSERT INTO bub_entries",
+    1,
+)
+
+
 async def _allocate_and_insert(
     conn: asyncpg.Connection, tape: str, rows: Sequence[Row], session_id: str | None
 ) -> list[int] | None:
@@ -460,9 +526,30 @@ async def _allocate_and_insert(
     return sorted(r[0] for r in found) if found else None
 
 
+async def _allocate_count_and_insert(
+    conn: asyncpg.Connection, w: Append, now: str
+) -> list[int] | None:
+    """`_allocate_and_insert` adding `w.adds` in the same statement."""
+    found = await conn.fetch(
+        _ALLOCATE_COUNT_AND_INSERT,
+        w.tape,
+        len(w.rows),
+        w.session_id,
+        *_columns(w.rows),
+        *usage_columns(w.adds),
+        now,
+    )
+    return sorted(r[0] for r in found) if found else None
+
+
 async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
     tape_id, _ = await _lock_tape(conn, w.tape, w.session_id, now)
     rows, skip = w.rows, 0
+    if w.adds:
+        # In the append's transaction (rolled back with it when a dedupe key refuses it).
+        found = await add_usage(conn, w.adds, now)
+        if w.decide is not None:
+            rows = w.decide(found) or rows
     if w.if_no_anchor or w.bootstrap is not None:
         # A statement after the lock: it sees every entry committed before we got it.
         has_anchor = await conn.fetchval(
@@ -497,6 +584,12 @@ async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
 
 async def _append_copies(conn: asyncpg.Connection, w: Copies) -> None:
     tape_id, last = await _lock_tape(conn, w.tape, w.session_id, w.updated)
+    if last == 0 and fork_base(w.tape, w.entries):
+        # A fork's own entries go on from its fork point (tape/forks.py).
+        last = fork_base(w.tape, w.entries)
+        await conn.execute(
+            "UPDATE bub_tapes SET base = $2, last_id = $2 WHERE id = $1", tape_id, last
+        )
     check_copy_ids(w.tape, w.entries, last)
     if w.rows:
         await conn.execute(
@@ -533,6 +626,9 @@ async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
             carry_after,
         )
         rows = rows + [tuple(r) for r in later if is_inbound(r["meta"])]  # type: ignore[misc]
+    sidecars = [r["name"] for r in family if r["name"] != tape]
+    if session is not None and sidecars:
+        rows = rows + [entry_row(e) for e in lifecycle_events(tape, sidecars, archived, reset=True)]
     ids = [r["id"] for r in family]
     if ids and archived is not None:
         # Renaming the tape rows moves all their entries at once: archive is O(1).
