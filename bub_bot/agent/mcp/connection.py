@@ -145,7 +145,7 @@ class McpConnection:
                 break
             await self._evidence.settle()  # a dying server's last stderr lines
             if failure is not None:
-                short, reason = self._describe(failure, tail=False), self._describe(failure)
+                short, reason = self._describe(failure, stderr=False), self._describe(failure)
             else:
                 short = reason = (
                     "the server process exited (or closed its stdout)"
@@ -155,6 +155,9 @@ class McpConnection:
                 tail = self._evidence.tail()
                 if tail:
                     reason += f"; {self.scrub(tail)}"
+                http = self._evidence.tail(stderr=False)  # an HTTP status, never stderr
+                if http:
+                    short += f"; {self.scrub(http)}"
             if self._was_ready and time.monotonic() - started >= STABLE_SECONDS:
                 attempt = 0
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt) * random.uniform(0.8, 1.2)
@@ -333,13 +336,18 @@ class McpConnection:
         except Exception as exc:
             if self.config.transport == "http" and is_transport_error(exc):
                 self._broken.set()
+            # The result goes to the model and the tape: no stderr tail (the log has it).
+            log.warning(
+                "mcp.call_failed server=%s tool=%s: %s", self.name, tool, self._describe(exc)
+            )
             raise ToolError(
-                f"MCP server {self.name!r} failed the call: {self._describe(exc)}"
+                f"MCP server {self.name!r} failed the call: {self._describe(exc, stderr=False)}"
             ) from None
 
-    def _describe(self, exc: BaseException, *, tail: bool = True) -> str:
+    def _describe(self, exc: BaseException, *, stderr: bool = True) -> str:
         """One line for an exception (groups unwrapped), secrets scrubbed; with the last
-        stderr lines or HTTP error unless `tail` is False."""
+        HTTP error, or the last stderr lines unless `stderr` is False (what chat members,
+        the model and the tape see: stderr may carry anything)."""
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         if isinstance(exc, FileNotFoundError) and self.config.transport == "stdio":
@@ -353,8 +361,8 @@ class McpConnection:
         else:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        if tail and not isinstance(exc, FileNotFoundError):
-            evidence = self._evidence.tail()
+        if not isinstance(exc, FileNotFoundError):
+            evidence = self._evidence.tail(stderr=stderr)
             if evidence:
                 text += f"; {evidence}"
         return self.scrub(text)
