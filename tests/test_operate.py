@@ -236,9 +236,16 @@ def test_every_label_set_is_bounded() -> None:
     for n in range(LABEL_VALUES_MAX * 3):
         metrics.on_agent("tool_call", {"tool": f"aaa_injected_{n}", "ok": False})
         metrics.on_runtime("command", {"name": f"cmd{n}"})
+        # main's labels since: refusal reasons, usage per model, subagent runs
+        metrics.on_runtime("refusal", {"reason": f"runtime{n}"})
+        metrics.on_agent("refusal", {"reason": f"agent{n}"})
+        metrics.on_agent("usage", {"channel": "web", "model": f"m{n}", "tokens_in": 1})
+        metrics.on_agent("subagent", {"mode": f"mode{n}", "status": "ok"})
     text = generate_latest(metrics.registry).decode()
     tools = {
         line.split('tool="')[1].split('"')[0] for line in text.splitlines() if 'tool="' in line
     }
     assert len(tools) <= LABEL_VALUES_MAX + 1 and "other" in tools
     assert text.count("bub_commands_total{") <= LABEL_VALUES_MAX + 1
+    for name in ("bub_refusals_total{", "bub_usage_cost_dollars_total{", "bub_subagents_total{"):
+        assert 0 < text.count(name) <= LABEL_VALUES_MAX + 1, name
