@@ -39,11 +39,12 @@ async def run_tools(
         tool = tools.get(name, ctx.workspace)
         if policies.get(call["id"]) == DENY:
             text = fixed.get(call["id"], POLICY_DENIED)
-            notify("tool_call", {"tool": tool.name if tool else name, "ok": False})
+            notify("tool_call", {"tool": tool.name if tool else "unknown", "ok": False})
             return {"tool_call_id": call["id"], "content": text, "ok": False}
         ok, result = await tools.call(ctx, name, call["function"].get("arguments", ""))
         result = scrub.value(result)  # before the tape, the spill and the model
-        notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
+        # A made-up name is "unknown": the model must not grow /metrics' label sets.
+        notify("tool_call", {"tool": tool.name if tool else "unknown", "ok": ok})
         text = spill.render(result)
         if not _utf8_ok(text):
             # Lone surrogates (e.g. non-UTF-8 file names) cannot be stored as UTF-8 text.
