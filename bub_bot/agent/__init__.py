@@ -1,8 +1,9 @@
 """The agent: model client, tools, spill sidecar, and the turn loop."""
 
 from .builtin import default_registry, summary_note
-from .loop import AUTO_HANDOFF_ANCHOR, Agent, TurnResult
+from .loop import Agent, TurnResult
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply, is_context_overflow
+from .overflow import AUTO_HANDOFF_ANCHOR
 from .streaming import Progress, ProgressCallback
 from .tools import Origin, Tool, ToolContext, ToolError, ToolRegistry
 

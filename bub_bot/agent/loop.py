@@ -16,7 +16,7 @@ from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector, load_selector
 from ..toolgroups import offered
-from . import metering
+from . import metering, overflow
 from .approval_gate import ASK, ApprovalGate
 from .approval_settle import settle
 from .model import ContextOverflow, ModelClient, ModelError
@@ -28,8 +28,6 @@ from .tools import Origin, Tool, ToolContext, ToolRegistry, payer_of
 
 log = logging.getLogger(__name__)
 
-AUTO_HANDOFF_ANCHOR = "auto_handoff/context_overflow"
-TOO_LONG_ANCHOR = "auto_handoff/message_too_long"
 EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
 
 
@@ -212,19 +210,7 @@ class Agent:
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
-                    # The message itself is too long: start the next turn after it, so the
-                    # session is not stuck re-sending it. Messages that arrived during this
-                    # call were not seen: they follow the anchor, or the next turn would
-                    # answer a conversation without them.
-                    late = await tape.query(after_id=seen_through, kinds=["message"])
-                    await tape.append_many(
-                        [
-                            TapeEntry.anchor(
-                                TOO_LONG_ANCHOR, {"reason": "message_too_long", "error": str(exc)}
-                            ),
-                            *(e.copy_after_anchor() for e in late if _is_user_inbound(e)),
-                        ]
-                    )
+                    await overflow.past_too_long(tape, exc, seen_through)
                     return await self._end(
                         tape,
                         "overflow",
@@ -238,20 +224,7 @@ class Agent:
                 auto_handed_off = True
                 self._notify("auto_handoff", {"error": str(exc)})
                 log.warning("auto_handoff session=%s turn=%s: %s", tape.session_id, turn_id, exc)
-                await tape.append_many(
-                    [
-                        TapeEntry.anchor(
-                            AUTO_HANDOFF_ANCHOR,
-                            {"reason": "context_length_exceeded", "error": str(exc)},
-                        ),
-                        TapeEntry.event(
-                            "loop.step",
-                            {"step": step, "status": "auto_handoff", "elapsed_ms": elapsed},
-                            context=False,
-                        ),
-                        *await _turn_user_messages(tape, turn_start),
-                    ]
-                )
+                await overflow.auto_handoff(tape, exc, step, elapsed, turn_start)
                 step -= 1  # the retry does not use up a step
                 continue
             except ModelError as exc:
@@ -379,7 +352,7 @@ class Agent:
             )
             if ctx.deferred:
                 step_entries.extend(ctx.deferred)
-                step_entries.extend(await _turn_user_messages(tape, turn_start))
+                step_entries.extend(await overflow.turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
             await tape.append_many(step_entries, usage=counting)
@@ -488,25 +461,5 @@ class Agent:
         )
 
 
-async def _turn_user_messages(tape: Tape, turn_start: int) -> list[TapeEntry]:
-    """Copies of this turn's user messages, to re-append after a new anchor."""
-    found = await tape.query(after_id=turn_start, kinds=["message"], names=["user"])
-    copies = []
-    for entry in found:
-        if entry.meta.get("handoff_summary") or entry.meta.get("copy_of"):
-            continue
-        copies.append(entry.copy_after_anchor())
-    return copies
-
-
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
-
-
-def _is_user_inbound(entry: TapeEntry) -> bool:
-    """A user's message as it arrived (not a copy made after an anchor)."""
-    return (
-        bool(entry.meta.get("inbound"))
-        and "copy_of" not in entry.meta
-        and entry.payload.get("role") == "user"
-    )
