@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
-from .landlock import hand_over, reachable_by
+from .handover import hand_over, reachable_by
 
 INSIDE = "/work"
 log = logging.getLogger("bub_bot.sandbox")

@@ -17,45 +17,11 @@ import tempfile
 from pathlib import Path
 
 from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
+from .handover import hand_over, reachable_by
 
 log = logging.getLogger("bub_bot.sandbox")
 
 HELPER = Path(__file__).with_name("landlock_helper.py")
-HAND_OVER_LIMIT = 200_000
-"""At most this many entries are re-owned per command (a huge tree is left as it is)."""
-
-
-def reachable_by(path: Path, uid: int) -> bool:
-    """Whether `uid` (not root, no groups) can traverse every parent of `path`."""
-    for parent in path.resolve().parents:
-        try:
-            st = parent.stat()
-        except OSError:
-            return False
-        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
-            continue
-        if st.st_gid == uid and st.st_mode & 0o010:
-            continue
-        return False
-    return True
-
-
-def hand_over(root: Path, uid: int) -> None:
-    """Give `root`'s files to `uid` so the sandboxed command can use them (the bot, root,
-    still can). Symlinks are re-owned themselves, never followed."""
-    seen = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in [".", *dirnames, *filenames]:
-            seen += 1
-            if seen > HAND_OVER_LIMIT:
-                log.warning("sandbox.hand_over stopped after %d entries in %s", seen, root)
-                return
-            path = os.path.join(dirpath, name)
-            try:
-                if os.lstat(path).st_uid != uid:
-                    os.lchown(path, uid, uid)
-            except OSError:
-                pass
 
 
 class LandlockBackend:

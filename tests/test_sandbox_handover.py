@@ -1,0 +1,109 @@
+"""Handing the workspace to the sandbox uid (the bot runs as root) never re-owns a host file:
+not through a directory a background job swaps for a symlink while the walk runs, not
+through a symlink, not through a hard link."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from bub_bot.agent.sandbox.handover import hand_over
+from tests import sandbox_harness as harness
+from tests.sandbox_harness import BACKENDS
+
+make_bash = harness.make_bash
+reachable_workspace = harness.reachable_workspace
+
+UID = 65534
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hand-over happens as root only")
+
+# A background job that keeps swapping the directory `d` between a real directory (with
+# many files, so the walk lingers in it) and a symlink to the host directory.
+SWAP = r"""
+mkdir -p real; i=0; while [ $i -lt 3000 ]; do : > real/f$i; i=$((i+1)); done
+: > real/victim.txt; echo ready > ready
+while true; do
+  mv real d 2>/dev/null; ln -s {victim_dir} link 2>/dev/null
+  mv -T d real; mv -T link d; sleep 0.0005; mv -T d link 2>/dev/null; rm -f link
+done
+"""
+
+
+def host_victim(tmp_path: Path) -> Path:
+    """A root-only host file in a directory outside the workspace."""
+    victim_dir = tmp_path / "host-victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "victim.txt"
+    victim.write_text("root-only host data")
+    victim.chmod(0o600)
+    os.chown(victim, 0, 0)
+    os.chown(victim_dir, 0, 0)
+    return victim
+
+
+def owners(path: Path) -> tuple[int, int, int]:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid, st.st_mode
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_swapped_directory_never_leads_the_hand_over_outside(
+    make_bash, reachable_workspace: Path, tmp_path: Path, backend: str
+) -> None:
+    victim = host_victim(tmp_path)
+    before = owners(victim)
+    bash = await make_bash(backend, ws=reachable_workspace)
+    ok, started = await bash.call(
+        "bash", cmd=SWAP.format(victim_dir=victim.parent), background=True, timeout_seconds=300
+    )
+    assert ok, started
+    try:
+        for _ in range(600):  # the job's set-up, however slow the machine is
+            if (reachable_workspace / "ready").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert (reachable_workspace / "ready").exists(), "the swap job did not start"
+        for _ in range(150):  # before the fix: a host file was chowned within ~20 commands
+            result = await bash.run("true")  # every command hands the workspace over
+            assert result["exit_code"] == 0
+            assert owners(victim) == before, f"{backend}: a host file was re-owned"
+        job = bash.shell.jobs.jobs[started["job_id"]]
+        assert job.state == "running", "the swap job ended early: the test proved nothing"
+    finally:
+        await bash.call("bash.kill", job_id=started["job_id"])
+    assert owners(victim) == before
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
+
+
+def test_hand_over_leaves_links_to_host_files_alone(tmp_path: Path) -> None:
+    victim = host_victim(tmp_path)
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "mine.txt").write_text("the bot wrote this as root")
+    os.symlink(victim.parent, ws / "dir-link")
+    os.symlink(victim, ws / "sub" / "file-link")
+    os.link(victim, ws / "sub" / "hard-link")  # a host inode inside the tree
+    before = owners(victim)
+    changed = hand_over(ws, UID)
+    assert owners(victim) == before  # neither followed nor re-owned through the hard link
+    for path in (
+        ws,
+        ws / "sub",
+        ws / "sub" / "mine.txt",
+        ws / "dir-link",
+        ws / "sub" / "file-link",
+    ):
+        assert owners(path)[:2] == (UID, UID), path
+    assert changed == 5
+    assert hand_over(ws, UID) == 0  # a second walk changes nothing
+
+
+def test_hand_over_does_not_cross_into_a_symlinked_root(tmp_path: Path) -> None:
+    victim = host_victim(tmp_path)
+    os.symlink(victim.parent, tmp_path / "ws")
+    changed = hand_over(tmp_path / "ws", UID)
+    assert owners(victim.parent)[:2] == (0, 0) and owners(victim)[:2] == (0, 0)
+    assert changed == 0
