@@ -10,6 +10,11 @@ MINIMAL_PATH = "/usr/local/bin:/usr/bin:/bin"
 LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 """The environment the launcher itself (bwrap, the helper) gets: never the bot's."""
 
+SANDBOX_ENV = {"GIT_CONFIG_NOSYSTEM": "1"}
+"""Set inside every sandbox (besides PATH, HOME, LANG, TMPDIR, USER): the host's
+/etc/gitconfig is not the sandbox's (credential helpers, proxies), and where it exists but is
+not readable (Landlock) git would refuse to run at all."""
+
 RO_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 RO_ETC = (
     "/etc/ld.so.cache",

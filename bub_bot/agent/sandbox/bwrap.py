@@ -13,7 +13,16 @@ import logging
 import os
 from pathlib import Path
 
-from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
+from .base import (
+    LAUNCH_ENV,
+    MINIMAL_PATH,
+    NET_ETC,
+    RO_ETC,
+    RO_SYSTEM,
+    SANDBOX_ENV,
+    CommandSpec,
+    Launch,
+)
 from .handover import hand_over, reachable_by
 
 INSIDE = "/work"
@@ -70,7 +79,10 @@ class BwrapBackend:
         args += ["--bind", str(Path(spec.workspace)), INSIDE, "--chdir", INSIDE]
         args += ["--clearenv", "--setenv", "PATH", MINIMAL_PATH, "--setenv", "HOME", INSIDE]
         args += ["--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
-        args += ["--setenv", "USER", "sandbox", "--"]
+        args += ["--setenv", "USER", "sandbox"]
+        for key, value in SANDBOX_ENV.items():
+            args += ["--setenv", key, value]
+        args.append("--")
         # RLIMIT_NPROC inside the new user namespace counts this sandbox only.
         args += ["/usr/bin/prlimit", "--core=0"]
         if limits.nproc:

@@ -16,7 +16,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
+from .base import (
+    LAUNCH_ENV,
+    MINIMAL_PATH,
+    NET_ETC,
+    RO_ETC,
+    RO_SYSTEM,
+    SANDBOX_ENV,
+    CommandSpec,
+    Launch,
+)
 from .handover import hand_over, reachable_by
 
 log = logging.getLogger("bub_bot.sandbox")
@@ -50,6 +59,7 @@ class LandlockBackend:
             "LANG": "C.UTF-8",
             "TMPDIR": str(tmp),
             "USER": "sandbox",
+            **SANDBOX_ENV,
         }
         cfg = {
             "workspace": str(workspace),
