@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     """The uid commands run as when the bot runs as root."""
     shell_max_jobs: int = Field(default=4, ge=0, le=100)
     """Background jobs running at once per conversation."""
+    # a uid per workspace for the sandbox (bub_bot/agent/sandbox/uids.py)
+    shell_uids: str = ""
+    """"LO-HI": as root, each workspace's commands run as their own uid of this range (empty:
+    all share BUB_SHELL_UID)."""
 
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
@@ -267,6 +271,17 @@ class Settings(BaseSettings):
         if value == ["none"]:
             return []
         return check_groups(value, "BUB_TOOLS")
+
+    @field_validator("shell_uids")
+    @classmethod
+    def _check_shell_uids(cls, value: str) -> str:
+        uid_range(value)  # ValueError saying what is wrong
+        return value.strip()
+
+    @property
+    def shell_uid_range(self) -> tuple[int, int] | None:
+        """BUB_SHELL_UIDS as (LO, HI), None when unset."""
+        return uid_range(self.shell_uids)
 
     @field_validator("timezone")
     @classmethod
@@ -433,6 +448,23 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return self
+
+
+UID_MIN, UID_MAX = 1000, 2**31 - 2
+
+
+def uid_range(value: str) -> tuple[int, int] | None:
+    """`"LO-HI"` as (LO, HI); "" as None; ValueError saying what is wrong otherwise."""
+    text = value.strip()
+    if not text:
+        return None
+    lo_text, dash, hi_text = text.partition("-")
+    if not dash or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
+        raise ValueError(f"expected LO-HI (two uids, e.g. 200000-299999), got {value!r}")
+    lo, hi = int(lo_text), int(hi_text)
+    if not UID_MIN <= lo <= hi <= UID_MAX:
+        raise ValueError(f"the range must satisfy {UID_MIN} <= LO <= HI <= {UID_MAX}")
+    return lo, hi
 
 
 def _env_name(loc: tuple) -> str:

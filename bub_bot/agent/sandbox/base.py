@@ -58,6 +58,8 @@ class CommandSpec:
     limits: Limits = field(default_factory=Limits)
     uid: int = 65534
     """The unprivileged uid the command runs as when the bot runs as root."""
+    inside_uid: int | None = None
+    """The uid bubblewrap shows inside its user namespace (None: `uid`)."""
 
 
 @dataclass

@@ -66,7 +66,8 @@ class BwrapBackend:
         if spec.network:
             args.append("--share-net")
         args += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
-        args += ["--hostname", "sandbox", "--uid", str(spec.uid), "--gid", str(spec.uid)]
+        inside = spec.uid if spec.inside_uid is None else spec.inside_uid
+        args += ["--hostname", "sandbox", "--uid", str(inside), "--gid", str(inside)]
         for path in RO_SYSTEM:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
