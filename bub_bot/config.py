@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from pathlib import Path
@@ -159,7 +160,7 @@ class Settings(BaseSettings):
     """The uid commands run as when the bot runs as root."""
     shell_max_jobs: int = Field(default=4, ge=0, le=100)
     """Background jobs running at once per conversation."""
-    # a uid per workspace for the sandbox (bub_bot/agent/sandbox/uids.py)
+    # a uid per workspace for the sandbox (see workspace_uid below)
     shell_uids: str = ""
     """"LO-HI": as root, each workspace's commands run as their own uid of this range (empty:
     all share BUB_SHELL_UID)."""
@@ -282,6 +283,10 @@ class Settings(BaseSettings):
     def shell_uid_range(self) -> tuple[int, int] | None:
         """BUB_SHELL_UIDS as (LO, HI), None when unset."""
         return uid_range(self.shell_uids)
+
+    def shell_uid_for(self, workspace: Path) -> int:
+        """The uid `workspace`'s commands run as when the bot runs as root."""
+        return workspace_uid(workspace, self.shell_uid, self.shell_uid_range)
 
     @field_validator("timezone")
     @classmethod
@@ -450,6 +455,15 @@ class Settings(BaseSettings):
         return self
 
 
+# A uid per workspace for the sandbox (BUB_SHELL_UIDS): which uid a workspace's commands run
+# as when the bot runs as root. By default every workspace shares BUB_SHELL_UID. Under Landlock (no user namespace) that
+# uid is real: a command of one conversation owns, by uid, every other workspace handed over to
+# it, so it can chmod and touch their files where it can reach them by path (Landlock does not
+# cover metadata changes), and RLIMIT_NPROC counts the processes of all of them together (one
+# conversation's fork bomb starves the others' commands). BUB_SHELL_UIDS="LO-HI" gives each
+# workspace its own uid in that range instead (a hash of its path: two workspaces may share one
+# when the range is small — choose it much larger than the number of workspaces). bubblewrap
+# still shows the command BUB_SHELL_UID inside its user namespace.
 UID_MIN, UID_MAX = 1000, 2**31 - 2
 
 
@@ -465,6 +479,16 @@ def uid_range(value: str) -> tuple[int, int] | None:
     if not UID_MIN <= lo <= hi <= UID_MAX:
         raise ValueError(f"the range must satisfy {UID_MIN} <= LO <= HI <= {UID_MAX}")
     return lo, hi
+
+
+def workspace_uid(workspace: Path, shared: int, uid_range: tuple[int, int] | None) -> int:
+    """The uid `workspace`'s commands run as: `shared` without a range, else one of the
+    range chosen by the workspace's resolved path (the same on every start)."""
+    if uid_range is None:
+        return shared
+    lo, hi = uid_range
+    digest = hashlib.sha256(str(workspace.resolve()).encode()).digest()
+    return lo + int.from_bytes(digest[:8], "big") % (hi - lo + 1)
 
 
 def _env_name(loc: tuple) -> str:

@@ -28,7 +28,6 @@ from .sandbox import (
 )
 from .sandbox import start as start_command
 from .sandbox.jobs import JobTable, recorded
-from .sandbox.uids import workspace_uid
 from .tools import ToolContext, ToolError, ToolRegistry
 
 log = logging.getLogger("bub_bot.sandbox")
@@ -57,7 +56,7 @@ class Shell:
         workspace = Path(ctx.workspace).resolve()
         workspace.mkdir(parents=True, exist_ok=True)
         shared = self.settings.shell_uid
-        uid = workspace_uid(workspace, shared, self.settings.shell_uid_range)
+        uid = self.settings.shell_uid_for(workspace)
         return CommandSpec(cmd, workspace, ctx.network, self.limits, uid, inside_uid=shared)
 
     def timeout(self, asked: float | None, default: float) -> float:
