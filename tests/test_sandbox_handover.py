@@ -1,6 +1,7 @@
 """Handing the workspace to the sandbox uid (the bot runs as root) never re-owns a host file:
 not through a directory a background job swaps for a symlink while the walk runs, not
-through a symlink, not through a hard link."""
+through a symlink, not through a hard link. It happens once per start and workspace; what
+the bot's file tools write later is created for the sandbox uid."""
 
 from __future__ import annotations
 
@@ -66,10 +67,13 @@ async def test_a_swapped_directory_never_leads_the_hand_over_outside(
                 break
             await asyncio.sleep(0.05)
         assert (reachable_workspace / "ready").exists(), "the swap job did not start"
-        for _ in range(150):  # before the fix: a host file was chowned within ~20 commands
-            result = await bash.run("true")  # every command hands the workspace over
-            assert result["exit_code"] == 0
+        # A command hands a workspace over once per start (the swap job's own start did);
+        # the walk it runs is exercised here, again and again, while the job swaps.
+        for _ in range(150):  # before the fix: a host file was chowned within ~20 walks
+            await asyncio.to_thread(hand_over, reachable_workspace, UID)
             assert owners(victim) == before, f"{backend}: a host file was re-owned"
+        result = await bash.run("true")
+        assert result["exit_code"] == 0
         job = bash.shell.jobs.jobs[started["job_id"]]
         assert job.state == "running", "the swap job ended early: the test proved nothing"
     finally:
@@ -107,3 +111,46 @@ def test_hand_over_does_not_cross_into_a_symlinked_root(tmp_path: Path) -> None:
     changed = hand_over(tmp_path / "ws", UID)
     assert owners(victim.parent)[:2] == (0, 0) and owners(victim)[:2] == (0, 0)
     assert changed == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_once_per_start_and_the_file_tools_write_for_the_sandbox_uid(
+    make_bash, reachable_workspace: Path, backend: str
+) -> None:
+    from bub_bot.agent.fs_tools import register_fs_tools
+
+    ws = reachable_workspace
+    (ws / "from-operator.txt").write_text("there before the start\n")
+    bash = await make_bash(backend, ws=ws)
+    register_fs_tools(bash.registry)
+    first = await bash.run("echo more >> from-operator.txt && echo ok")
+    assert first["output"] == "ok\n", first  # handed over by the first command
+    for args in (
+        {"path": "from-operator.txt", "content": "replaced by fs_write\n"},
+        {"path": "new/deeper/made.txt", "content": "made by fs_write\n"},
+    ):
+        ok, body = await bash.call("fs_write", **args)
+        assert ok, body
+    for path in ("from-operator.txt", "new", "new/deeper", "new/deeper/made.txt"):
+        assert owners(ws / path)[:2] == (UID, UID), path
+    later = await bash.run(
+        "echo x >> from-operator.txt && echo y >> new/deeper/made.txt && touch new/deeper/z"
+        " && echo ok"
+    )
+    assert later["output"] == "ok\n", later
+    # Not walked again: a root file put there by something else stays root's.
+    (ws / "root-later.txt").write_text("root's")
+    await bash.run("true")
+    assert owners(ws / "root-later.txt")[:2] == (0, 0)
+
+
+async def test_a_workspace_made_again_is_handed_over_again(make_bash, reachable_workspace):
+    ws = reachable_workspace
+    bash = await make_bash("landlock", ws=ws)
+    assert (await bash.run("echo 1 > a && echo ok"))["output"] == "ok\n"
+    for child in ws.iterdir():
+        child.unlink()
+    ws.rmdir()
+    ws.mkdir()  # a new root-owned directory at the same path
+    again = await bash.run("echo 2 > b && echo ok")
+    assert again["output"] == "ok\n", again

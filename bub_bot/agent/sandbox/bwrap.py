@@ -23,7 +23,7 @@ from .base import (
     CommandSpec,
     Launch,
 )
-from .handover import hand_over, reachable_by
+from .handover import HandOver, reachable_by
 
 INSIDE = "/work"
 log = logging.getLogger("bub_bot.sandbox")
@@ -37,13 +37,14 @@ class BwrapBackend:
     def __init__(self, bwrap: str = "bwrap") -> None:
         self.bwrap = bwrap
         self.warned = False
+        self.handed = HandOver()
 
     def launch(self, spec: CommandSpec) -> Launch:
         if os.geteuid() == 0 and reachable_by(Path(spec.workspace), spec.uid):
             # As root, bwrap itself runs as the sandbox uid where it can reach the workspace
             # (bwrap resolves the bind source as that uid): RLIMIT_NPROC does not apply to
             # uid 0, and an escape would not be root. The workspace is handed over to it.
-            hand_over(Path(spec.workspace), spec.uid)
+            self.handed.ensure(Path(spec.workspace), spec.uid)
             drop = ["/usr/bin/setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}"]
             return Launch([*drop, "--clear-groups", "--", *self.argv(spec)], dict(LAUNCH_ENV))
         if os.geteuid() == 0 and not self.warned:

@@ -1,9 +1,13 @@
 """Hand a workspace over to the sandbox uid (the bot runs as root, commands as BUB_SHELL_UID).
 
-Why a walk before every command: files in the workspace are also written as root by the bot
-(fs.write/fs.edit replace a file atomically, so a replaced file is a new root-owned inode;
-attachments; MCP servers; the operator), anywhere in the tree, and the sandboxed command
-must be able to change them. Chowning only once would leave those read-only to it.
+When: once per workspace directory per process (`HandOver.ensure`), not before every command
+— a walk costs ~6 ms per 1000 entries, paid by every command of a big workspace otherwise.
+What is there when the bot starts (the operator's files, a previous run's) is handed over by
+that first walk; what the bot's own file tools write later is created for the workspace's uid
+(`WorkspaceFiles.owner`); what the sandbox writes is its uid's already. Files put there as
+root by anything else while the bot runs (an MCP server, the operator) stay root's — readable
+to commands when their mode says so, not writable — until the next start. A workspace
+directory that was removed and made again is a new inode: walked again.
 
 Why by file descriptor: the tree is being changed concurrently by the very uid it is handed
 to (a background job of the same conversation). A walk by path name follows a directory
@@ -29,7 +33,7 @@ from pathlib import Path
 log = logging.getLogger("bub_bot.sandbox")
 
 HAND_OVER_LIMIT = 200_000
-"""At most this many entries are looked at per command (a huge tree is left as it is)."""
+"""At most this many entries are looked at per walk (a huge tree is left as it is)."""
 MAX_DEPTH = 256
 """Directories deeper than this are not descended into (one open fd per level)."""
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -126,3 +130,22 @@ def hand_over(root: Path, uid: int, limit: int = HAND_OVER_LIMIT) -> int:
     if walk.left < 0:
         log.warning("sandbox.hand_over stopped after %d entries in %s", limit, root)
     return walk.changed
+
+
+class HandOver:
+    """Hands each workspace over once per process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.done: set[tuple[int, int, int]] = set()
+
+    def ensure(self, root: Path, uid: int) -> None:
+        """Walk `root` for `uid` unless this very directory was already walked for it."""
+        try:
+            st = os.stat(root, follow_symlinks=False)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino, uid)
+        if key in self.done and st.st_uid == uid:
+            return
+        hand_over(root, uid)
+        self.done.add(key)

@@ -26,7 +26,7 @@ from .base import (
     CommandSpec,
     Launch,
 )
-from .handover import hand_over, reachable_by
+from .handover import HandOver, reachable_by
 
 log = logging.getLogger("bub_bot.sandbox")
 
@@ -41,6 +41,7 @@ class LandlockBackend:
     def __init__(self, tmp_root: Path, python: str = sys.executable) -> None:
         self.tmp_root = tmp_root
         self.python = python
+        self.handed = HandOver()
 
     def launch(self, spec: CommandSpec) -> Launch:
         workspace = Path(spec.workspace)
@@ -49,7 +50,7 @@ class LandlockBackend:
         tmp = Path(tempfile.mkdtemp(prefix="sbx-", dir=self.tmp_root))
         if root:
             os.chown(tmp, spec.uid, spec.uid)
-            hand_over(workspace, spec.uid)
+            self.handed.ensure(workspace, spec.uid)
         limits = spec.limits
         # HOME by path must be reachable by the dropped uid: else the private tmp directory.
         home = workspace if not root or reachable_by(workspace, spec.uid) else tmp
