@@ -105,9 +105,14 @@ async def test_a_fork_bomb_does_not_starve_another_conversation(
     )
     ok, b_job = await b_bash.call("bash", cmd=wait_then_fork, background=True, timeout_seconds=120)
     assert ok, b_job
-    marker = f"bomb-{os.getpid()}.sh"
-    (a / marker).write_text(f"sh {marker} & sh {marker} & wait\n")
-    ok, a_job = await a_bash.call("bash", cmd=f"sh {marker}", background=True, timeout_seconds=120)
+    # A bomb that holds its processes at the limit (a shell bomb collapses when a fork fails
+    # and may be gone between two looks): every process forks on, and sleeps when it cannot.
+    marker = f"bomb-{os.getpid()}"
+    bomb = (
+        "python3 -c 'import os, time\nwhile True:\n try: os.fork()\n"
+        f" except OSError: time.sleep(0.05)' {marker}"
+    )
+    ok, a_job = await a_bash.call("bash", cmd=bomb, background=True, timeout_seconds=120)
     assert ok, a_job
     try:
         a_uid = workspace_uid(a, 65534, RANGE)
@@ -115,7 +120,9 @@ async def test_a_fork_bomb_does_not_starve_another_conversation(
             if processes_of(a_uid) >= nproc:
                 break
             await asyncio.sleep(0.05)
-        assert processes_of(a_uid) >= nproc, "the bomb never reached its limit"
+        if processes_of(a_uid) < nproc:
+            _, a_out = await a_bash.call("bash.output", job_id=a_job["job_id"])
+            raise AssertionError(f"the bomb never reached its limit: {a_out}")
         (b / "go").touch()
         for _ in range(600):
             ok, out = await b_bash.call("bash.output", job_id=b_job["job_id"])

@@ -150,3 +150,24 @@ async def test_ordinary_commands_and_socketpairs_still_work(
     assert result["exit_code"] == 0, result
     lines = result["output"].splitlines()
     assert lines[:5] == ["a b c ", "pair-ok", "seq-ok", "asyncio-ok", "?? f"], result
+
+
+@pytest.mark.parametrize("network", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_host_abstract_socket_is_unreachable_also_with_the_network_on(
+    make_bash, backend: str, network: bool
+) -> None:
+    """bubblewrap's --share-net shares the host's network namespace, where abstract sockets
+    live (X11, D-Bus, container shims): they must stay out of reach."""
+    name = f"bub-test-abs-{os.getpid()}-{backend}-{network}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as host:
+        host.bind("\0" + name)
+        host.listen(1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:
+            plain.connect("\0" + name)  # the premise: it answers here
+        sandboxed = await make_bash(backend, network=network)
+        result = await sandboxed.run(
+            "python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX);"
+            ' s.connect("\\0" + sys.argv[1]); print("REACHED")\' ' + name
+        )
+    assert result["exit_code"] != 0 and "REACHED" not in result["output"], result
