@@ -288,14 +288,20 @@ def _replace(
 
 
 def _sandbox_owner(root: Path, settings: Any) -> int | None:
-    """The uid the workspace's sandboxed commands run as, when the bot runs as root and they
-    run in a sandbox (the sandbox hands the workspace over to that uid once per start, so
-    what the bot writes later must be created for it); else None."""
+    """The uid the workspace's sandboxed commands run as, when the bot runs as root and the
+    workspace was handed over to it (its directory is that uid's: the sandbox does that once
+    per start, so what the bot writes later must be created for it); else None — also when
+    the commands run as root mapped in a user namespace (bubblewrap where the uid cannot
+    reach the workspace), which a file of another uid would be read-only to."""
     if os.geteuid() != 0 or "bash" not in getattr(settings, "tools", ()):
         return None
     if getattr(settings, "shell_sandbox", "none") == "none":
         return None
-    return int(settings.shell_uid_for(Path(root)))
+    uid = int(settings.shell_uid_for(Path(root)))
+    try:
+        return uid if os.stat(root).st_uid == uid else None
+    except OSError:
+        return None
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -154,3 +154,21 @@ async def test_a_workspace_made_again_is_handed_over_again(make_bash, reachable_
     ws.mkdir()  # a new root-owned directory at the same path
     again = await bash.run("echo 2 > b && echo ok")
     assert again["output"] == "ok\n", again
+
+
+async def test_where_the_sandbox_runs_as_mapped_root_the_bot_writes_as_root(
+    make_bash, workspace: Path
+) -> None:
+    """bubblewrap as root with a workspace the sandbox uid cannot reach: nothing is handed
+    over, the command is root mapped in a user namespace, so what fs_write makes stays
+    root's — a file of the sandbox uid would be read-only to it."""
+    from bub_bot.agent.fs_tools import register_fs_tools
+
+    bash = await make_bash("bwrap", ws=workspace)
+    register_fs_tools(bash.registry)
+    assert (await bash.run("true"))["exit_code"] == 0
+    ok, body = await bash.call("fs_write", path="sub/made.txt", content="by fs_write\n")
+    assert ok, body
+    assert owners(workspace / "sub" / "made.txt")[:2] == (0, 0)
+    result = await bash.run("echo more >> sub/made.txt && touch sub/new && echo ok")
+    assert result["output"] == "ok\n", result
