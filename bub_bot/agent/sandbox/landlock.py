@@ -3,7 +3,8 @@ where user namespaces are not available (unprivileged containers, PaaS dynos).
 
 No mount namespace here: the command sees real paths, works in the workspace's real
 directory, and gets a private temporary directory (not size-capped: documented). As root the
-helper drops to BUB_SHELL_UID, so the workspace is handed over to that uid first.
+helper drops to the workspace's uid (BUB_SHELL_UID, or its own one of BUB_SHELL_UIDS), so the
+workspace is handed over to that uid first, once per start (handover.py).
 """
 
 from __future__ import annotations
