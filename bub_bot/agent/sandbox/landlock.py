@@ -9,7 +9,6 @@ workspace is handed over to that uid first, once per start (handover.py).
 
 from __future__ import annotations
 
-import logging
 import marshal
 import os
 import shutil
@@ -28,8 +27,6 @@ from .base import (
     Launch,
 )
 from .handover import HandOver, reachable_by
-
-log = logging.getLogger("bub_bot.sandbox")
 
 HELPER = Path(__file__).with_name("landlock_helper.py")
 
