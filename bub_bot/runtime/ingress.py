@@ -59,6 +59,9 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         meta["platform"] = inbound.meta
     if inbound.sent_at is not None:
         meta["sent_at"] = inbound.sent_at
+    if inbound.attachments:
+        # Only the platform's description: the bytes are fetched in the turn (attachments.py).
+        meta["attachments"] = [a.to_json() for a in inbound.attachments]
     if command is not None:
         data = {**command.to_json(), "text": inbound.text, "bot_names": list(inbound.bot_names)}
         entry = TapeEntry.event("command", data, **meta)
@@ -67,6 +70,8 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         if inbound.images:
             content = [{"type": "text", "text": inbound.text or "(image)"}]
             content += [{"type": "image_url", "image_url": {"url": u}} for u in inbound.images]
+        elif inbound.attachments and not inbound.text:
+            content = ", ".join(f"[{a.kind}: {a.name or 'unnamed'}]" for a in inbound.attachments)
         entry = TapeEntry.message({"role": "user", "content": content}, **meta)
     keys = [f"{inbound.channel}:{inbound.delivery_key}"]
     keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]

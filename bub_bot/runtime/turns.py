@@ -14,7 +14,9 @@ from channels.base import Channel
 
 from ..agent import Agent, Origin, Progress
 from ..config import Settings
+from ..files.transcribe import Transcriber
 from ..tape import TapeEntry, TapeStore
+from .attachments import Attachments
 from .delivery import Delivery
 from .facts import covered, head_through, is_pending
 from .session import Session
@@ -39,6 +41,13 @@ class TurnRunner:
         emit: Callable[..., None],
     ) -> None:
         self.settings = settings
+        self.attachments = Attachments(
+            settings,
+            store,
+            channels,
+            Transcriber(settings.transcribe_model, lambda: agent.model.client),
+        )
+        """Files that came with the messages, fetched in the turn (retried on resume)."""
         self.store = store
         self.agent = agent
         self.channels = channels
@@ -90,6 +99,7 @@ class TurnRunner:
             ]
 
         await self._carry_into_phase(session, messages, items)
+        await self.attachments.resolve(session, messages)
 
         # The reply is shown while it is written when the channel streams (streaming.py).
         shown = TurnStream(
