@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
+import aiohttp
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
@@ -46,8 +47,8 @@ from aiohttp import web
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
-from .telegram_content import MessageReader, has_content
+from .base import DENIED, DeliveryError, FetchFailed, Inbound, RuntimeLike, Sender
+from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
 from .telegram_stream import Drafts, TelegramStream
@@ -102,6 +103,7 @@ class TelegramChannel:
         self._closing: asyncio.Future[None] | None = None
         self._migrated: dict[int, int] = {}
         self.reader = MessageReader(settings.telegram_max_image_bytes, self._api, self._scrub)
+        self._download_limit: int | None = BOT_DOWNLOAD_LIMIT
         self._background: set[asyncio.Task[None]] = set()
         """Moves learned while sending (kept referenced until they finish)."""
         self._hinted: dict[int, float] = {}
@@ -208,6 +210,31 @@ class TelegramChannel:
             await self._bot.set_my_commands(menu)
         except (TelegramAPIError, AiogramError) as exc:
             log.warning("telegram.set_my_commands failed: %s", self._scrub(exc))
+
+    async def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A file of a message (`FetchesFiles`): getFile, then the file download path."""
+        file_id = str(ref.get("file_id") or "")
+        if not file_id:
+            raise FetchFailed("no Telegram file id")
+        try:
+            async with self._api() as bot:
+                info = await bot.get_file(file_id)
+                if not info.file_path:
+                    raise FetchFailed("Telegram gave no file path")
+                if (info.file_size or 0) > max_bytes:
+                    raise FetchFailed(f"larger than {max_bytes} bytes")
+                url = bot.session.api.file_url(bot.token, info.file_path)
+                got = 0
+                async for chunk in bot.session.stream_content(url, timeout=120):
+                    got += len(chunk)
+                    if got > max_bytes:
+                        raise FetchFailed(f"larger than {max_bytes} bytes")
+                    yield chunk
+        except TelegramBadRequest as exc:
+            raise FetchFailed(f"Telegram refused it: {self._scrub(exc)}") from exc
+        except (TelegramAPIError, AiogramError, aiohttp.ClientError, TimeoutError) as exc:
+            # The token is in the file URL: the reason is scrubbed before anyone sees it.
+            raise FetchFailed(f"download failed: {self._scrub(exc)}", retry=True) from exc
 
     @contextlib.asynccontextmanager
     async def _api(self) -> AsyncIterator[Bot]:
@@ -373,6 +400,7 @@ class TelegramChannel:
                 "chat_type": chat.type,
             },
             images=tuple(images),
+            attachments=tuple(attachments(message, self._download_limit)),
             bot_names=bot_names,
             meta={"update_id": update_id, "chat_type": chat.type, "thread_id": thread},
         )

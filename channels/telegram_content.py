@@ -16,6 +16,8 @@ from aiogram import Bot
 from aiogram.exceptions import AiogramError, TelegramAPIError
 from aiogram.types import Message, PhotoSize
 
+from .base import Attachment
+
 log = logging.getLogger("channels.telegram")
 
 QUOTE_CHARS = 500
@@ -61,18 +63,8 @@ class MessageReader:
             url, note = await self._photo(message.photo)
             if url:
                 images.append(url)
-        elif (
-            self.max_image_bytes > 0
-            and message.document
-            and (message.document.mime_type or "").startswith("image/")
-            and (message.document.file_size or 0) <= self.max_image_bytes
-        ):
-            url = await self._download(message.document.file_id, message.document.mime_type)
-            if url:
-                images.append(url)
-            else:
-                note = placeholder(message) or ""
-        else:
+        elif not attachments(message):
+            # Documents, audio, voice and round videos are attachments, fetched in the turn.
             note = placeholder(message) or ""
         return "\n".join(p for p in (note, caption) if p), images
 
@@ -108,6 +100,64 @@ class MessageReader:
             return None
         kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
         return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+
+BOT_DOWNLOAD_LIMIT = 20 * 1024 * 1024
+"""The Bot API's getFile refuses files over 20 MB (a local Bot API server does not)."""
+
+
+def attachments(message: Message, limit: int | None = BOT_DOWNLOAD_LIMIT) -> list[Attachment]:
+    """The files of a message the runtime fetches in the turn (nothing downloaded here):
+    documents, audio, voice notes and round videos. Photos stay on their own path."""
+    found: list[Attachment] = []
+    if message.document:
+        d = message.document
+        found.append(_attachment("file", d.file_id, d.file_name, d.mime_type, d.file_size, None))
+    if message.audio:
+        a = message.audio
+        name = a.file_name or " - ".join(p for p in (a.performer, a.title) if p)
+        found.append(_attachment("audio", a.file_id, name, a.mime_type, a.file_size, a.duration))
+    if message.voice:
+        v = message.voice
+        found.append(_attachment("voice", v.file_id, "", v.mime_type, v.file_size, v.duration))
+    if message.video_note:
+        v = message.video_note
+        found.append(_attachment("video", v.file_id, "round-video", None, v.file_size, v.duration))
+    if limit is not None:
+        found = [
+            a
+            if (a.size or 0) <= limit
+            else Attachment(
+                a.kind,
+                a.ref,
+                a.name,
+                a.mime,
+                a.size,
+                a.duration,
+                error=f"not downloaded: {_bytes(a.size)}, and Telegram bots cannot download"
+                " files over 20 MB (send a smaller file or a link)",
+            )
+            for a in found
+        ]
+    return found
+
+
+def _attachment(
+    kind: str,
+    file_id: str,
+    name: str | None,
+    mime: str | None,
+    size: int | None,
+    duration: int | None,
+) -> Attachment:
+    return Attachment(
+        kind=kind,
+        ref={"file_id": file_id},
+        name=name or "",
+        mime=mime or "",
+        size=size,
+        duration=float(duration) if duration is not None else None,
+    )
 
 
 def has_content(message: Message) -> bool:

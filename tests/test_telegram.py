@@ -181,15 +181,16 @@ async def test_photo_reaches_the_model_as_an_image(
     tg.push_update(tg.photo_message(USER, USER, "P2", sizes=[(800, 800, len(big))]))
     await h.replies(USER, 2)
     assert fake_openai.last_messages()[-1]["content"] == "[photo, too large to show: 5 KB]"
-    # Voice, documents, stickers: a placeholder the model can read.
-    voice = tg.message_update(
+    # A sticker: a placeholder the model can read (files: test_files_telegram.py).
+    sticker = tg.message_update(
         {"chat": {"id": USER, "type": "private", "first_name": "Ann"},
          "from": {"id": USER, "is_bot": False, "first_name": "Ann"},
-         "voice": {"file_id": "V", "file_unique_id": "v", "duration": 72, "file_size": 20480}}
+         "sticker": {"file_id": "S", "file_unique_id": "s", "type": "regular", "width": 1,
+                     "height": 1, "is_animated": False, "is_video": False, "emoji": "🙂"}}
     )  # fmt: skip
-    tg.push_update(voice)
+    tg.push_update(sticker)
     await h.replies(USER, 3)
-    assert fake_openai.last_messages()[-1]["content"] == "[voice message: 1:12, 20 KB]"
+    assert fake_openai.last_messages()[-1]["content"] == "[sticker: 🙂]"
 
 
 async def test_edited_messages_and_service_messages_are_ignored(

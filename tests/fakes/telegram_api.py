@@ -300,6 +300,10 @@ class FakeTelegram:
         self.deleted: list[tuple[int, int]] = []
         self.bot_message_ids: dict[int, list[int]] = defaultdict(list)
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.file_downloads: list[str] = []
+        """File paths downloaded (``/file/bot<token>/<path>``), in order."""
+        self.file_failures = 0
+        """Answer the next N file downloads with a 500."""
         self.commands: dict[str, list[Params]] = {}
         self.webhook: Params = {"url": ""}
         self.webhook_last_error: str | None = None
@@ -414,6 +418,35 @@ class FakeTelegram:
     def add_file(self, file_id: str, data: bytes, file_path: str | None = None) -> None:
         """Register bytes served by getFile + ``/file/bot<token>/<file_path>``."""
         self.files[file_id] = (data, file_path or f"documents/{file_id}")
+
+    def file_message(
+        self,
+        user_id: int,
+        kind: str,
+        file_id: str,
+        data: bytes,
+        caption: str | None = None,
+        **fields: Any,
+    ) -> Params:
+        """A private message with a `document`/`audio`/`voice`/`video_note` carrying `data`
+        (registered for getFile); `fields` add to the file object (file_name, mime_type,
+        duration, file_size to claim another size)."""
+        self.add_file(file_id, data, f"{kind}s/{file_id}")
+        media: Params = {"file_id": file_id, "file_unique_id": f"u{file_id}"}
+        media["file_size"] = len(data)
+        if kind in ("voice", "audio", "video_note"):
+            media["duration"] = 1
+        if kind == "video_note":
+            media["length"] = 240
+        media.update(fields)
+        message: Params = {
+            "chat": self._private_chat(user_id, "Ann", None),
+            "from": self._user(user_id, "Ann", None),
+            kind: media,
+        }
+        if caption is not None:
+            message["caption"] = caption
+        return self.message_update(message)
 
     def sent_to(self, chat_id: int, thread_id: int | None = None) -> list[Params]:
         """Messages the bot sent to ``chat_id`` (and topic ``thread_id`` if given)."""
@@ -667,6 +700,10 @@ class FakeTelegram:
         if request.match_info["token"] != self.token:
             return web.json_response(ApiError(401, "Unauthorized").payload(), status=401)
         path = request.match_info["file_path"]
+        self.file_downloads.append(path)
+        if self.file_failures > 0:
+            self.file_failures -= 1
+            return web.json_response(ApiError(500, "Internal Server Error").payload(), status=500)
         for data, file_path in self.files.values():
             if file_path == path:
                 return web.Response(body=data, content_type="application/octet-stream")
