@@ -33,7 +33,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -52,6 +52,8 @@ from bub_bot.config import ConfigError, Settings
 from . import slack_events
 from .base import DENIED, Inbound, RuntimeLike, Sender
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
+from .slack_files import SlackFiles
+from .slack_files import attachments as file_attachments
 from .slack_outbox import SlackOutbox
 from .slack_stream import SlackStream
 
@@ -119,6 +121,7 @@ class SlackChannel:
         self._notified: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.outbox = SlackOutbox(settings, self.client)
+        self.files = SlackFiles(token, self.api_url, self.client)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -334,6 +337,7 @@ class SlackChannel:
                 "user": user,
             },
             extra_keys=(f"{channel}:{ts}",),
+            attachments=tuple(file_attachments(event.get("files") or [])),
             bot_names=(self.mention,),
             meta={
                 "team": team,
@@ -426,6 +430,10 @@ class SlackChannel:
         await ack()
 
     # -- outbound (channels/slack_outbox.py) ------------------------------------------------
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A shared file's bytes (`FetchesFiles`), downloaded with the bot token."""
+        return self.files.fetch(ref, max_bytes)
+
     def split(self, text: str) -> list[str]:
         return self.outbox.split(text)
 

@@ -93,7 +93,11 @@ class Attachments:
             att = Attachment.from_json(raw)
             key = f"{session.tape.name}:{message.id}:{index}"
             prefix = inbox.inbox_prefix(key, day, att.name or att.kind)
-            result = await self._one(session.workspace, channel, att, prefix)
+            try:
+                result = await self._one(session.workspace, channel, att, prefix)
+            except Exception as exc:  # a bug in a channel must not cost the message
+                log.exception("attachment.error session=%s entry=%d", session.id, message.id)
+                result = {"name": att.name, "error": f"could not be fetched ({type(exc).__name__})"}
             files.append(result)
             label = _label(att)
             if "error" in result:

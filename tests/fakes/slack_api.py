@@ -94,6 +94,15 @@ class FakeSlack:
         self.ack_messages: dict[str, Params] = {}
         self.users: dict[str, Params] = {}
         self.channels: dict[str, Params] = {}
+        self.files: dict[str, tuple[bytes, Params]] = {}
+        """File id -> (bytes, file object) served at ``/files-pri/<team>-<id>/download/<name>``
+        with the bot token as a bearer (``add_file``); ``files.info`` answers the object."""
+        self.file_downloads: list[tuple[str, str | None]] = []
+        """(file id, Authorization header) of every download attempt."""
+        self.file_failures = 0
+        """Answer the next N downloads with a 500."""
+        self.files_scope = True
+        """False: the bot token lacks `files:read` (downloads get the sign-in page)."""
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._tickets: set[str] = set()
         self._sockets: set[web.WebSocketResponse] = set()
@@ -117,6 +126,7 @@ class FakeSlack:
             "conversations.info": self._conversations_info,
             "users.info": self._users_info,
             "apps.connections.open": self._connections_open,
+            "files.info": self._files_info,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -124,8 +134,10 @@ class FakeSlack:
         """Start listening on 127.0.0.1 with an OS-assigned port."""
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
+        app.router.add_get("/api/{method}", self._api)  # files.info and others the SDK GETs
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/respond/{key}", self._respond)
+        app.router.add_get("/files-pri/{team}-{file_id}/download/{name}", self._download)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -153,6 +165,43 @@ class FakeSlack:
     def api_url(self) -> str:
         """Web API base URL as ``AsyncWebClient(base_url=...)`` expects it."""
         return f"{self.base_url}/api/"
+
+    def add_file(self, file_id: str, data: bytes, name: str, mimetype: str = "") -> Params:
+        """Register a file; returns its file object as events carry it (``files`` items)."""
+        obj: Params = {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype or "application/octet-stream",
+            "filetype": name.rsplit(".", 1)[-1] if "." in name else "binary",
+            "size": len(data),
+            "url_private": f"{self.base_url}/files-pri/{self.team_id}-{file_id}/{name}",
+            "url_private_download": (
+                f"{self.base_url}/files-pri/{self.team_id}-{file_id}/download/{name}"
+            ),
+            "mode": "hosted",
+        }
+        self.files[file_id] = (data, obj)
+        return obj
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        file_id = request.match_info["file_id"]
+        auth = request.headers.get("Authorization")
+        self.file_downloads.append((file_id, auth))
+        if self.file_failures > 0:
+            self.file_failures -= 1
+            return web.Response(status=500, text="try again")
+        if auth != f"Bearer {self.bot_token}" or file_id not in self.files or not self.files_scope:
+            # What Slack does without a valid token: a sign-in page, status 200.
+            return web.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
+        data, obj = self.files[file_id]
+        return web.Response(body=data, content_type=obj["mimetype"])
+
+    async def _files_info(self, params: Params) -> Params:
+        file_id = str(params.get("file") or "")
+        if file_id not in self.files:
+            raise SlackError("file_not_found")
+        return {"file": self.files[file_id][1]}
 
     def response_url(self, key: str = "1") -> str:
         """A ``response_url`` served by this fake; posts land in ``self.responses``."""
@@ -598,11 +647,12 @@ def app_mention(
     thread_ts: str | None = None,
     event_id: str | None = None,
     bot_user_id: str = DEFAULT_BOT_USER_ID,
+    files: list[Params] | None = None,
 ) -> Params:
     """An ``app_mention`` event callback; prefixes ``<@bot>`` if ``text`` lacks it."""
     mention = f"<@{bot_user_id}>"
     text = text if mention in text else f"{mention} {text}"
-    event = _message_event("app_mention", channel, user, text, ts, thread_ts=thread_ts)
+    event = _message_event("app_mention", channel, user, text, ts, thread_ts=thread_ts, files=files)
     return event_callback(event, event_id=event_id, bot_user_id=bot_user_id)
 
 
@@ -616,9 +666,11 @@ def channel_message(
     subtype: str | None = None,
     bot_id: str | None = None,
     event_id: str | None = None,
+    files: list[Params] | None = None,
 ) -> Params:
-    """A ``message`` event callback (``message.channels`` style)."""
-    extra = {"thread_ts": thread_ts, "subtype": subtype, "bot_id": bot_id}
+    """A ``message`` event callback (``message.channels`` style); with ``files`` (and
+    subtype ``file_share``) a message that shares files."""
+    extra = {"thread_ts": thread_ts, "subtype": subtype, "bot_id": bot_id, "files": files}
     event = _message_event("message", channel, user, text, ts, channel_type=channel_type, **extra)
     return event_callback(event, event_id=event_id)
 
@@ -630,9 +682,13 @@ def dm_message(
     ts: str,
     thread_ts: str | None = None,
     event_id: str | None = None,
+    files: list[Params] | None = None,
 ) -> Params:
     """A direct-message ``message`` event callback (``channel_type`` ``im``)."""
-    return channel_message(channel, user, text, ts, thread_ts, channel_type="im", event_id=event_id)
+    subtype = "file_share" if files else None
+    return channel_message(
+        channel, user, text, ts, thread_ts, "im", subtype, event_id=event_id, files=files
+    )
 
 
 def url_verification(challenge: str) -> Params:
