@@ -304,6 +304,10 @@ class FakeTelegram:
         """File paths downloaded (``/file/bot<token>/<path>``), in order."""
         self.file_failures = 0
         """Answer the next N file downloads with a 500."""
+        self.file_stall: int | None = None
+        """Send only this many bytes of a download, then hold it until `file_release` is
+        set (a download cut by a crash)."""
+        self.file_release = asyncio.Event()
         self.commands: dict[str, list[Params]] = {}
         self.webhook: Params = {"url": ""}
         self.webhook_last_error: str | None = None
@@ -696,6 +700,16 @@ class FakeTelegram:
             request.transport.abort()
         raise asyncio.CancelledError  # aiohttp gives up on the request; the client sees a disconnect
 
+    async def _stalled(self, request: web.Request, data: bytes, cut: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        resp.content_type = "application/octet-stream"
+        await resp.prepare(request)
+        await resp.write(data[:cut])
+        await self.file_release.wait()
+        await resp.write(data[cut:])
+        await resp.write_eof()
+        return resp
+
     async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         if request.match_info["token"] != self.token:
             return web.json_response(ApiError(401, "Unauthorized").payload(), status=401)
@@ -706,6 +720,8 @@ class FakeTelegram:
             return web.json_response(ApiError(500, "Internal Server Error").payload(), status=500)
         for data, file_path in self.files.values():
             if file_path == path:
+                if self.file_stall is not None:
+                    return await self._stalled(request, data, self.file_stall)
                 return web.Response(body=data, content_type="application/octet-stream")
         return web.json_response(ApiError(404, "Not Found").payload(), status=404)
 
