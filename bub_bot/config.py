@@ -202,6 +202,7 @@ class Settings(BaseSettings):
     model_images: bool = True
     transcribe_model: str | None = "whisper-1"
     transcribe_max_seconds: float = Field(default=900.0, gt=0)
+    slack_thread_history: int = Field(default=50, ge=0, le=1000)
 
     @field_validator("transcribe_model", mode="before")
     @classmethod

@@ -102,6 +102,17 @@ class FetchesFiles(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryMessage:
+    """A message from before the bot joined a conversation (a Slack thread it is first
+    mentioned in): put on the new tape before the message that brought the bot in."""
+
+    role: str
+    """"user", or "assistant" for the bot's own earlier messages."""
+    author: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     """One message from a chat platform, as the runtime stores it."""
 
@@ -130,6 +141,9 @@ class Inbound:
     """Extra platform facts to keep with the message (chat type, thread ids, ...)."""
     attachments: tuple[Attachment, ...] = ()
     """Files that came with the message, fetched later in the turn (`FetchesFiles`)."""
+    history: tuple[HistoryMessage, ...] = ()
+    """What the conversation said before the bot was in it; written before the message,
+    only on a tape that has nothing on it yet."""
     sent_at: float | None = None
     """When the platform says the message was sent: UNIX seconds, UTC (Telegram `date`, Slack
     `ts`); None when it gives no time (slash commands, the terminal). Messages delivered late,

@@ -41,6 +41,9 @@ class Arrival:
     keys: tuple[str, ...]
     """Dedupe keys, each unique forever (`<channel>:<platform id>`): any one recorded
     already makes this a duplicate."""
+    before: tuple[TapeEntry, ...] = ()
+    """Entries written before `entry` in its transaction when the tape is new (a thread's
+    history); dropped on a tape that has entries already."""
 
 
 def inbound_arrival(inbound: Inbound) -> Arrival:
@@ -75,12 +78,25 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         entry = TapeEntry.message({"role": "user", "content": content}, **meta)
     keys = [f"{inbound.channel}:{inbound.delivery_key}"]
     keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]
+    before = tuple(
+        TapeEntry.message(
+            {
+                "role": h.role,
+                "content": h.text if h.role == "assistant" else f"[{h.author}]: {h.text}",
+            },
+            history=True,
+            channel=inbound.channel,
+            author=h.author,
+        )
+        for h in inbound.history
+    )
     return Arrival(
         session_id=inbound.session_id,
         workspace=inbound.workspace,
         channel=inbound.channel,
         entry=entry,
         keys=tuple(keys),
+        before=before,
     )
 
 
@@ -115,9 +131,12 @@ class Ingress:
         tape = (
             known.tape if known is not None else Tape.for_session(self.store, session_id, workspace)
         )
+        before = list(arrival.before)
+        if before and await self.store.query(tape.name, limit=1):
+            before = []  # the tape is the history from its first entry on
         written = await self.store.append_many(
             tape.name,
-            [arrival.entry],
+            [*before, arrival.entry],
             dedupe_keys=arrival.keys,
             bootstrap=Tape.bootstrap_anchor(workspace),
             session_id=session_id,
@@ -131,7 +150,9 @@ class Ingress:
                 # acknowledged, so this is the platform's re-delivery): look at the session.
                 await self.replicas.claim(self.sessions.open(session_id, workspace))
             return Received(new=False)
-        entry = written[0]
+        entry = written[-1]
+        if before:
+            log.info("inbound.history session=%s messages=%d", session_id, len(before))
         command = command_name(entry)
         log.info(
             "inbound.new session=%s channel=%s entry=%d%s",

@@ -101,6 +101,9 @@ class FakeSlack:
         """(file id, Authorization header) of every download attempt."""
         self.file_failures = 0
         """Answer the next N downloads with a 500."""
+        self.threads: dict[tuple[str, str], list[Params]] = defaultdict(list)
+        """(channel, thread_ts) -> the thread's messages, root first, for
+        ``conversations.replies`` (paged by ``limit`` with a ``next_cursor``)."""
         self.files_scope = True
         """False: the bot token lacks `files:read` (downloads get the sign-in page)."""
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -127,6 +130,7 @@ class FakeSlack:
             "users.info": self._users_info,
             "apps.connections.open": self._connections_open,
             "files.info": self._files_info,
+            "conversations.replies": self._replies,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -196,6 +200,31 @@ class FakeSlack:
             return web.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
         data, obj = self.files[file_id]
         return web.Response(body=data, content_type=obj["mimetype"])
+
+    def add_to_thread(
+        self, channel: str, thread_ts: str, user: str, text: str, *, bot_id: str | None = None
+    ) -> str:
+        """Record a message in a thread (as if posted before the bot was there); its ts."""
+        ts = thread_ts if not self.threads[(channel, thread_ts)] else self.next_ts()
+        message: Params = {"type": "message", "user": user, "text": text, "ts": ts}
+        if ts != thread_ts:
+            message["thread_ts"] = thread_ts
+        if bot_id:
+            message["bot_id"] = bot_id
+        self.threads[(channel, thread_ts)].append(message)
+        return ts
+
+    async def _replies(self, params: Params) -> Params:
+        self._require(params, "channel", "ts")
+        thread = self.threads.get((str(params["channel"]), str(params["ts"])))
+        if not thread:
+            raise SlackError("thread_not_found")
+        start = int(params.get("cursor") or 0)
+        limit = int(params.get("limit") or 100)
+        page = thread[start : start + limit]
+        more = start + limit < len(thread)
+        meta = {"next_cursor": str(start + limit) if more else ""}
+        return {"messages": page, "has_more": more, "response_metadata": meta}
 
     async def _files_info(self, params: Params) -> Params:
         file_id = str(params.get("file") or "")
