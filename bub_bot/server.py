@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from channels.base import Announces, Channel
+from channels.base import Announces, Channel, SendsFiles
 
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.schedule_tools import register_schedule_tools
+from .agent.send_file import register_send_file
 from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
+from .runtime.outfiles import OutFiles
 from .tape import TapeStore, open_store
 from .tape.leases import owner_id
 
@@ -90,6 +92,8 @@ class Bot:
         leases = store.leases(owner_id(), settings.lease_seconds)
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases, clock)
         register_schedule_tools(agent.tools, runtime.schedules)
+        if any(isinstance(c, SendsFiles) for c in channels):
+            register_send_file(agent.tools, OutFiles(settings, runtime.channels))
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)
         bot = cls(settings, store, agent, runtime, channels)

@@ -101,6 +101,17 @@ class FetchesFiles(Protocol):
         `FetchFailed` once more than `max_bytes` came (the caller also counts)."""
 
 
+@runtime_checkable
+class SendsFiles(Protocol):
+    """Optional: a channel that can post a file into a conversation (`send_file`)."""
+
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post `data` as file `name` to `target`; returns the platform ids. Raises
+        DeliveryError (not posted) or DeliveryUnknown (may have been posted)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryMessage:
     """A message from before the bot joined a conversation (a Slack thread it is first

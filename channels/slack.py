@@ -451,6 +451,13 @@ class SlackChannel:
         await ack()
 
     # -- outbound (channels/slack_outbox.py) ------------------------------------------------
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post a file in the thread (`SendsFiles`): files.getUploadURLExternal, the upload,
+        files.completeUploadExternal."""
+        return await self.files.send(target, name, data, caption)
+
     def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
         """A shared file's bytes (`FetchesFiles`), downloaded with the bot token."""
         return self.files.fetch(ref, max_bytes)

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from .base import Attachment, FetchFailed
+from .base import Attachment, DeliveryError, DeliveryUnknown, FetchFailed
 
 log = logging.getLogger("channels.slack")
 
@@ -122,6 +122,30 @@ class SlackFiles:
                         yield chunk
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise FetchFailed(f"download failed: {type(exc).__name__}", retry=True) from exc
+
+    async def send(
+        self, target: dict[str, Any], name: str, data: bytes, caption: str | None
+    ) -> list[str]:
+        """Upload `data` as `name` into the target's thread (the SDK's external upload)."""
+        from slack_sdk.errors import SlackApiError
+
+        kwargs: dict[str, Any] = {"channel": target["channel"], "filename": name, "content": data}
+        kwargs["title"] = name
+        if target.get("thread_ts"):
+            kwargs["thread_ts"] = target["thread_ts"]
+        if caption:
+            kwargs["initial_comment"] = caption
+        try:
+            answer = await self._client.files_upload_v2(**kwargs)
+        except SlackApiError as exc:
+            data_ = getattr(exc.response, "data", None)
+            error = data_.get("error") if isinstance(data_, dict) else exc.response.status_code
+            raise DeliveryError(f"Slack refused the file: {error}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # The upload may have completed before the connection broke: never posted twice.
+            raise DeliveryUnknown(f"Slack did not confirm the file: {type(exc).__name__}") from exc
+        files = answer.get("files") or [answer.get("file") or {}]
+        return [str(f.get("id")) for f in files if isinstance(f, dict) and f.get("id")]
 
     async def _lookup(self, file_id: str) -> str:
         from slack_sdk.errors import SlackApiError

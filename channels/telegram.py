@@ -39,15 +39,16 @@ from aiogram.exceptions import (
     AiogramError,
     TelegramAPIError,
     TelegramBadRequest,
+    TelegramNetworkError,
     TelegramUnauthorizedError,
 )
-from aiogram.types import BotCommand, Message, Update
+from aiogram.types import BotCommand, BufferedInputFile, Message, Update
 from aiohttp import web
 
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DENIED, DeliveryError, FetchFailed, Inbound, RuntimeLike, Sender
+from .base import DENIED, DeliveryError, DeliveryUnknown, FetchFailed, Inbound, RuntimeLike, Sender
 from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
@@ -432,6 +433,29 @@ class TelegramChannel:
 
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
         return await self._outbox.send(target, piece)
+
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post a file (`SendsFiles`): sendPhoto for a photo Telegram shows, else sendDocument."""
+        chat_id = self._route(int(target["chat_id"]))
+        thread = target.get("thread_id")
+        upload = BufferedInputFile(data, filename=name)
+        text = caption[:1024] if caption else None
+        photo = mime in ("image/jpeg", "image/png", "image/webp") and len(data) <= 10_000_000
+
+        async def post(bot: Bot) -> Message:
+            if photo:
+                return await bot.send_photo(chat_id, upload, caption=text, message_thread_id=thread)
+            return await bot.send_document(chat_id, upload, caption=text, message_thread_id=thread)
+
+        try:
+            sent = await self._outbox.call(chat_id, post)
+        except (TelegramNetworkError, TimeoutError) as exc:
+            raise DeliveryUnknown(self._scrub(exc)) from None
+        except (TelegramAPIError, AiogramError) as exc:
+            raise DeliveryError(self._scrub(exc)) from None
+        return [str(sent.message_id)]
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self._outbox.working(target)

@@ -104,6 +104,10 @@ class FakeSlack:
         self.threads: dict[tuple[str, str], list[Params]] = defaultdict(list)
         """(channel, thread_ts) -> the thread's messages, root first, for
         ``conversations.replies`` (paged by ``limit`` with a ``next_cursor``)."""
+        self.uploads: list[Params] = []
+        """Files the bot posted (external upload, completed): filename, data, channel_id,
+        thread_ts, initial_comment."""
+        self._pending_uploads: dict[str, Params] = {}
         self.files_scope = True
         """False: the bot token lacks `files:read` (downloads get the sign-in page)."""
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -131,6 +135,8 @@ class FakeSlack:
             "apps.connections.open": self._connections_open,
             "files.info": self._files_info,
             "conversations.replies": self._replies,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -142,6 +148,7 @@ class FakeSlack:
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/respond/{key}", self._respond)
         app.router.add_get("/files-pri/{team}-{file_id}/download/{name}", self._download)
+        app.router.add_post("/upload/{file_id}", self._receive_upload)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -225,6 +232,41 @@ class FakeSlack:
         more = start + limit < len(thread)
         meta = {"next_cursor": str(start + limit) if more else ""}
         return {"messages": page, "has_more": more, "response_metadata": meta}
+
+    async def _upload_url(self, params: Params) -> Params:
+        self._require(params, "filename", "length")
+        file_id = f"FU{len(self._pending_uploads) + 1:06d}"
+        self._pending_uploads[file_id] = {"filename": params["filename"], "data": None}
+        self._pending_uploads[file_id]["length"] = int(params["length"])
+        return {"upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}
+
+    async def _receive_upload(self, request: web.Request) -> web.Response:
+        pending = self._pending_uploads.get(request.match_info["file_id"])
+        if pending is None:
+            return web.Response(status=404)
+        data = await request.read()
+        if len(data) != pending["length"]:
+            return web.Response(status=400, text="length mismatch")
+        pending["data"] = data
+        return web.Response(text="OK - " + str(len(data)))
+
+    async def _complete_upload(self, params: Params) -> Params:
+        files = params.get("files")
+        files = json.loads(files) if isinstance(files, str) else files
+        if not isinstance(files, list) or not files:
+            raise SlackError("invalid_arguments")
+        done = []
+        for f in files:
+            pending = self._pending_uploads.get(str(f.get("id")))
+            if pending is None or pending["data"] is None:
+                raise SlackError("file_not_found")
+            self.uploads.append({
+                "filename": pending["filename"], "data": pending["data"],
+                "channel_id": params.get("channel_id"), "thread_ts": params.get("thread_ts"),
+                "initial_comment": params.get("initial_comment"), "title": f.get("title"),
+            })  # fmt: skip
+            done.append({"id": f["id"], "name": pending["filename"]})
+        return {"files": done}
 
     async def _files_info(self, params: Params) -> Params:
         file_id = str(params.get("file") or "")

@@ -308,6 +308,8 @@ class FakeTelegram:
         """Send only this many bytes of a download, then hold it until `file_release` is
         set (a download cut by a crash)."""
         self.file_release = asyncio.Event()
+        self.files_sent: list[Params] = []
+        """Files the bot posted: {method, message, file_name, data}."""
         self.commands: dict[str, list[Params]] = {}
         self.webhook: Params = {"url": ""}
         self.webhook_last_error: str | None = None
@@ -333,6 +335,8 @@ class FakeTelegram:
             "deleteWebhook": self._delete_webhook,
             "getWebhookInfo": self._get_webhook_info,
             "getFile": self._get_file,
+            "sendDocument": self._send_file,
+            "sendPhoto": self._send_file,
         }
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -668,7 +672,17 @@ class FakeTelegram:
         if request.content_type == "application/json":
             raw.update(await request.json())
         elif request.can_read_body:
-            raw.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
+            form = await request.post()
+            raw.update({k: v for k, v in form.items() if isinstance(v, str)})
+            uploads = {k: v for k, v in form.items() if isinstance(v, web.FileField)}
+            for key, value in list(raw.items()):
+                if isinstance(value, str) and value.startswith("attach://"):
+                    upload = uploads.get(value.removeprefix("attach://"))
+                    if upload is not None:
+                        raw[key] = {"file_name": upload.filename, "data": upload.file.read()}
+            for key, upload in uploads.items():
+                if key in ("document", "photo"):
+                    raw[key] = {"file_name": upload.filename, "data": upload.file.read()}
         params = {k: _decode(k, v) for k, v in raw.items()}
         self.calls.append((method, params))
         self.call_times.append(time.monotonic())
@@ -788,6 +802,34 @@ class FakeTelegram:
         self.messages[(chat["id"], msg["message_id"])] = msg
         self.bot_message_ids[chat["id"]].append(msg["message_id"])
         self.sent.append(msg)
+        return msg
+
+    async def _send_file(self, p: Params) -> Params:
+        """sendDocument / sendPhoto with an uploaded file: recorded in ``files_sent``."""
+        chat = self._chat_for(p.get("chat_id"))
+        kind = "photo" if "photo" in p else "document"
+        upload = p.get(kind)
+        if not isinstance(upload, dict) or not upload.get("data"):
+            raise ApiError(400, f"Bad Request: there is no {kind} in the request")
+        caption = p.get("caption")
+        if caption is not None and len(str(caption)) > 1024:
+            raise ApiError(400, "Bad Request: message caption is too long")
+        msg: Params = {"message_id": self._alloc_mid(chat["id"]), "from": self._bot_user()}
+        msg |= {"chat": chat, "date": int(time.time())}
+        if p.get("message_thread_id") is not None:
+            msg["message_thread_id"] = int(p["message_thread_id"])
+        if caption is not None:
+            msg["caption"] = caption
+        file_id = f"sent-{msg['message_id']}"
+        if kind == "photo":
+            msg["photo"] = [
+                {"file_id": file_id, "file_unique_id": file_id, "width": 1, "height": 1}
+            ]
+        else:
+            msg["document"] = {"file_id": file_id, "file_unique_id": file_id,
+                               "file_name": upload["file_name"]}  # fmt: skip
+        self.messages[(chat["id"], msg["message_id"])] = msg
+        self.files_sent.append({"method": kind, "message": msg, **upload})
         return msg
 
     async def _edit_message_text(self, p: Params) -> Params:
