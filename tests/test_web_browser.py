@@ -305,3 +305,43 @@ async def test_viewer_shows_session_anchor_spill_and_context(
         "Viewer phase: we measured the tape"
     )
     await page.close()
+
+
+async def test_files_by_button_and_by_drop_reach_the_model(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    page = await _chat_page(logged_in, served)
+    await page.set_input_files(
+        "#files", files=[{"name": "notes.csv", "mimeType": "text/csv", "buffer": b"a,b\n1,2\n"}]
+    )
+    await expect(page.locator("#attached")).to_contain_text("notes.csv")
+    await _say(page, "what is in it?")
+    await expect(page.locator("#messages .item.user").first).to_contain_text("what is in it?")
+    await expect(page.locator("#attached")).to_be_hidden()
+
+    def seen(needle: str) -> bool:
+        return any(needle in str(r.body.get("messages")) for r in served.fake.completion_requests())
+
+    for _ in range(200):
+        if seen("a,b\\n1,2"):
+            break
+        await asyncio.sleep(0.05)
+    assert seen("file: notes.csv — text/csv, 8 B, saved as inbox/")
+    # Drag and drop onto the composer, then send with no text: the file is the message.
+    await page.evaluate(
+        """() => {
+        const dt = new DataTransfer();
+        dt.items.add(new File(["dropped text\\n"], "drop.md", { type: "text/markdown" }));
+        const form = document.getElementById("composer");
+        form.dispatchEvent(new DragEvent("dragover", { dataTransfer: dt, bubbles: true }));
+        form.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true }));
+    }"""
+    )
+    await expect(page.locator("#attached")).to_contain_text("drop.md")
+    await page.press("#text", "Enter")
+    for _ in range(200):
+        if seen("dropped text"):
+            break
+        await asyncio.sleep(0.05)
+    assert seen("file: drop.md — text/markdown")
+    await page.close()

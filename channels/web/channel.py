@@ -89,6 +89,11 @@ class WebChannel:
                 guard(chat.post_message, api=True),
             ),
             ("GET", "/api/conversations/{conversation}/events", guard(chat.events, api=True)),
+            (
+                "POST",
+                "/api/conversations/{conversation}/files",
+                guard(chat.upload_file, api=True),
+            ),
         ]
         if self.viewer is not None:
             viewer = self.viewer
@@ -99,6 +104,10 @@ class WebChannel:
                 ("GET", "/tapes/{tape}/spill/{handle}", guard(viewer.spilled, api=False)),
             ]
         return found
+
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A file uploaded with a message (`FetchesFiles`)."""
+        return self.chat.uploads.fetch(ref, max_bytes)
 
     def split(self, text: str) -> list[str]:
         # The page has no length limit: one answer is one piece.
