@@ -109,6 +109,55 @@ class Uploads:
                 yield chunk
 
 
+SENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}\.[A-Za-z0-9_-]{16,64}")
+
+
+class SentFiles:
+    """Files the bot sends into a web conversation (`send_file`): kept under
+    `$BUB_HOME/web-files/` and downloaded from the page behind the same token."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.root = settings.home.expanduser() / "web-files"
+
+    def keep(self, conversation: str, name: str, data: bytes) -> str:
+        """Store `data`; returns its id (`<conversation>.<random>`)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        file_id = f"{conversation}.{secrets.token_urlsafe(18)}"
+        dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(file_id, flags, 0o600, dir_fd=dir_fd), "wb") as out:
+                out.write(data)
+            with os.fdopen(os.open(file_id + ".name", flags, 0o600, dir_fd=dir_fd), "w") as out:
+                out.write(name)
+        finally:
+            os.close(dir_fd)
+        return file_id
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        """`GET /api/files/<id>`: the file as a download (never shown inline by the page)."""
+        file_id = request.match_info["file"]
+        if not SENT_ID_RE.fullmatch(file_id):
+            return _error(404, "no such file")
+        path = self.root / file_id
+        try:
+            data = path.read_bytes() if not path.is_symlink() else None
+            name = (self.root / f"{file_id}.name").read_text()[:255]
+        except OSError:
+            data = None
+        if data is None:
+            return _error(404, "no such file")
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "file"
+        return web.Response(
+            body=data,
+            content_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f'attachment; filename="{safe}"',
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
+
 class _TooLarge(Exception):
     pass
 
