@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from tests import test_telegram
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, slow, text, tool_calls
 from tests.fakes.telegram_api import FakeTelegram
 from tests.files_data import OGG, PNG, make_pdf
-from tests.runtime_channel import inbound_users
+from tests.runtime_channel import inbound_users, until
 
 USER = test_telegram.USER
 start = test_telegram.start  # the Telegram harness's fixtures
@@ -168,3 +168,16 @@ async def test_a_file_that_cannot_be_fetched_reaches_the_model_as_a_note(
         fake_openai.last_messages()[-1]
     )
     assert _inbox(workspace) == []
+
+
+async def test_a_file_sent_during_a_turn_reaches_the_model_at_its_next_step(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    h = await start()
+    fake_openai.script(slow(tool_calls([("tape.info", {})]), 1.0), text("done"))
+    tg.push_update(tg.private_text(USER, "wait for my file"))
+    await until(lambda: len(fake_openai.completion_requests()) == 1, timeout=8)
+    tg.push_update(tg.file_message(USER, "document", "M1", b"late,data\n", file_name="late.csv"))
+    await h.replies(USER, 1)
+    second = fake_openai.completion_requests()[1].body["messages"]
+    assert any("late,data" in _text(m) for m in second if m["role"] == "user")

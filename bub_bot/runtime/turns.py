@@ -166,9 +166,19 @@ class TurnRunner:
             sender=dict(meta.get("sender") or {}),
             via=str(meta.get("origin") or ""),
         )
+
+        async def before_step(step: int) -> None:
+            # Files on messages that arrived during the turn reach the model at its next
+            # step like their text does (the turn's own were fetched before step 1).
+            if step > 1:
+                fresh = await session.tape.query(after_id=head.id, kinds=["message"])
+                arrived = [e for e in hold_back(fresh) if e.meta.get("inbound")]
+                await self.attachments.resolve(session, arrived)
+
         try:
             result = await self.agent.run_turn(
                 session.tape,
+                before_step=before_step,
                 workspace=session.workspace,
                 entry_filter=hold_back,
                 turn_id=turn_id,
