@@ -48,7 +48,16 @@ from aiohttp import web
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DENIED, DeliveryError, DeliveryUnknown, FetchFailed, Inbound, RuntimeLike, Sender
+from .base import (
+    DENIED,
+    Attachment,
+    DeliveryError,
+    DeliveryUnknown,
+    FetchFailed,
+    Inbound,
+    RuntimeLike,
+    Sender,
+)
 from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
@@ -211,6 +220,12 @@ class TelegramChannel:
             await self._bot.set_my_commands(menu)
         except (TelegramAPIError, AiogramError) as exc:
             log.warning("telegram.set_my_commands failed: %s", self._scrub(exc))
+
+    def _attachments(self, message: Message) -> list[Attachment]:
+        found = attachments(message, self._download_limit)
+        if message.photo and (photo := self.reader.photo(message.photo)) is not None:
+            found.insert(0, photo)
+        return found
 
     async def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
         """A file of a message (`FetchesFiles`): getFile, then the file download path."""
@@ -401,7 +416,7 @@ class TelegramChannel:
                 "chat_type": chat.type,
             },
             images=tuple(images),
-            attachments=tuple(attachments(message, self._download_limit)),
+            attachments=tuple(self._attachments(message)),
             bot_names=bot_names,
             meta={"update_id": update_id, "chat_type": chat.type, "thread_id": thread},
         )

@@ -165,16 +165,18 @@ async def test_photo_reaches_the_model_as_an_image(
     start, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:
     h = await start(telegram_max_image_bytes=1000)
-    big, small = b"B" * 5000, b"\xff\xd8small-jpeg"
+    big, small = b"B" * 5000, b"\xff\xd8\xff\xe0small-jpeg"
     tg.add_file("P1", big, "photos/p1.jpg")
     tg.add_file("P1-0", small, "photos/p1-small.jpg")
     tg.push_update(
         tg.photo_message(USER, USER, "P1", sizes=[(90, 90, len(small)), (800, 800, len(big))], caption="what is it?")
     )  # fmt: skip
     await h.replies(USER, 1)
-    content = fake_openai.last_messages()[-1]["content"]
-    assert content[0] == {"type": "text", "text": "what is it?"}
-    url = content[1]["image_url"]["url"]
+    # The caption, then the photo (fetched in the turn, saved in inbox/), the largest size
+    # within BUB_TELEGRAM_MAX_IMAGE_BYTES.
+    caption, photo = fake_openai.last_messages()[-2:]
+    assert caption["content"] == "what is it?"
+    url = photo["content"][1]["image_url"]["url"]
     assert url == "data:image/jpeg;base64," + base64.b64encode(small).decode()
     # Only a size over the cap: the model is told a photo came, not shown it.
     tg.add_file("P2", big, "photos/p2.jpg")
