@@ -181,3 +181,35 @@ async def test_a_file_sent_during_a_turn_reaches_the_model_at_its_next_step(
     await h.replies(USER, 1)
     second = fake_openai.completion_requests()[1].body["messages"]
     assert any("late,data" in _text(m) for m in second if m["role"] == "user")
+
+
+async def test_an_inbox_planted_as_a_symlink_is_refused(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI, workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workspace / "inbox").symlink_to(outside)  # e.g. planted by a command in the workspace
+    h = await start()
+    tg.push_update(tg.file_message(USER, "document", "S1", b"payload", file_name="x.txt"))
+    await h.replies(USER, 1)
+    assert "could not be saved: inbox/ is not a directory of the workspace" in _text(
+        fake_openai.last_messages()[-1]
+    )
+    assert list(outside.iterdir()) == []
+
+
+async def test_transcription_is_retried_and_can_be_turned_off(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    h = await start()
+    fake_openai.transcribe_failures = 1  # a 500 first: tried again within the turn
+    fake_openai.transcripts[OGG] = "hello there"
+    tg.push_update(tg.file_message(USER, "voice", "R1", OGG, duration=3))
+    await h.replies(USER, 1)
+    assert "transcribed] hello there" in _text(fake_openai.last_messages()[-1])
+    await h.server.stop()
+    h2 = await start(transcribe_model="off")
+    tg.push_update(tg.file_message(USER, "voice", "R2", OGG + b"x", duration=3))
+    await h2.replies(USER, 2)
+    assert "(voice not transcribed: transcription is off)" in _text(fake_openai.last_messages()[-1])
+    assert len(fake_openai.transcriptions) == 1
