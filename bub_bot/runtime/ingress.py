@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from channels.base import Inbound, Received
+from channels.base import Attachment, Inbound, Received
 
 from .. import commands
 from ..tape import Tape, TapeEntry, TapeStore
@@ -74,7 +74,7 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
             content = [{"type": "text", "text": inbound.text or "(image)"}]
             content += [{"type": "image_url", "image_url": {"url": u}} for u in inbound.images]
         elif inbound.attachments and not inbound.text:
-            content = ", ".join(f"[{a.kind}: {a.name or 'unnamed'}]" for a in inbound.attachments)
+            content = ", ".join(_attachment_note(a) for a in inbound.attachments)
         entry = TapeEntry.message({"role": "user", "content": content}, **meta)
     keys = [f"{inbound.channel}:{inbound.delivery_key}"]
     keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]
@@ -98,6 +98,12 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         keys=tuple(keys),
         before=before,
     )
+
+
+def _attachment_note(attachment: Attachment) -> str:
+    """What a message that is only a file says until the file is fetched in the turn."""
+    kind = "voice message" if attachment.kind == "voice" else attachment.kind
+    return f"[{kind}: {attachment.name}]" if attachment.name else f"[{kind}]"
 
 
 class Ingress:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
@@ -18,6 +19,9 @@ from aiohttp import web
 from bub_bot.config import Settings
 from channels.base import Attachment, FetchFailed
 
+KEEP_SECONDS = 2 * 86400
+"""Staged uploads older than this are removed (the turn fetched them long before)."""
+SWEEP_EVERY = 3600.0
 UPLOAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 MAX_FILES = 10
 """Files one message may carry."""
@@ -29,6 +33,21 @@ class Uploads:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.root = settings.home.expanduser() / "web-uploads"
+        self._swept = 0.0
+
+    def _sweep(self, dir_fd: int) -> None:
+        """Remove staged uploads older than KEEP_SECONDS (at most once an hour)."""
+        now = time.time()
+        if now - self._swept < SWEEP_EVERY:
+            return
+        self._swept = now
+        for name in os.listdir(dir_fd):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if now - st.st_mtime > KEEP_SECONDS:
+                    os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
 
     def _dir_fd(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -46,6 +65,7 @@ class Uploads:
         dir_fd = self._dir_fd()
         size = 0
         try:
+            self._sweep(dir_fd)
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(staged, flags, 0o600, dir_fd=dir_fd)
             try:
