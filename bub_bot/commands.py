@@ -1,4 +1,5 @@
-"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /help.
+"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /stop
+/help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -24,6 +25,7 @@ USAGE = {
     "skills": "/skills — the skills the model can load here, and SKILL.md files skipped",
     "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
     "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
+    "stop": "/stop [id] — stop background work (one subagent by its id from /status, or all)",
     "help": "/help — this list",
 }
 COMMANDS = tuple(USAGE)
@@ -94,6 +96,10 @@ def _check(name: str, args: str) -> Command:
         if args.isdigit() and 1 <= int(args) <= 100:
             return Command(name, args, count=int(args))
         return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    if name == "stop":
+        if args and not _JOB_ID_RE.fullmatch(args):
+            return Command(name, args, f"give one id, or none for all. Usage: {USAGE[name]}")
+        return Command(name, args)
     if name == "unschedule":
         if not _JOB_ID_RE.fullmatch(args):
             return Command(name, args, f"give one job id. Usage: {USAGE[name]}")

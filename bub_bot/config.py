@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .mcp_config import load_mcp_config
 from .netguard import Allowance
 from .schedules.times import zone_named
+from .tape.context import load_selector
 from .tape.urls import parse_database_url
 from .workspaces import load_workspace_map
 
@@ -122,6 +123,13 @@ class Settings(BaseSettings):
     spill_threshold: int = Field(default=4096, ge=0)
     handoff_summary_timeout_seconds: float = Field(default=60.0, gt=0)
 
+    # file tools (bub_bot/workspace_files.py, bub_bot/agent/fs_tools.py)
+    fs_write_max_bytes: int = Field(default=1024 * 1024, ge=1, le=1024**3)
+    """The largest file fs.write / fs.edit may leave (bytes, UTF-8)."""
+    fs_allow_hardlinks: bool = False
+    """Hard-linked files are refused by the file tools unless this is on (another name of
+    the same file may be a secret file)."""
+
     # web.fetch (bub_bot/agent/web_fetch.py)
     fetch_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
     """The most one fetch may take, redirects included."""
@@ -149,6 +157,19 @@ class Settings(BaseSettings):
     """A job that fires later than this after its time (the bot was down) says it is late."""
     schedule_drop_seconds: float = Field(default=86400.0, ge=0)
     """A job later than this is not run; the conversation gets a note instead (0: never)."""
+    # subagents (bub_bot/agent/subagent.py, bub_bot/runtime/subagents.py)
+    subagent_max_depth: int = Field(default=2, ge=0, le=5)
+    """How deep subagents may nest (a conversation's turn is depth 0; 0: no subagents)."""
+    subagent_max_concurrent: int = Field(default=4, ge=1, le=64)
+    """Subagents running at once per conversation (background ones included)."""
+    subagent_max_steps: int = Field(default=8, ge=1, le=100)
+    """Model steps of one subagent run."""
+    subagent_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    """The most one subagent run may take; past it, it stops and says so."""
+    subagent_models: CsvList = Field(default_factory=list)
+    """Models a subagent may be asked to use besides BUB_MODEL (empty: only BUB_MODEL)."""
+    context_selector: str | None = None
+    """`module:function` turning entries into model messages instead of the default."""
     # streaming replies: the answer appears while the model writes it
     stream: bool = True
     stream_interval_ms: int | None = Field(default=None, ge=0, le=60_000)
@@ -244,6 +265,7 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "subagent_models",
         mode="before",
     )
     @classmethod
@@ -310,6 +332,11 @@ class Settings(BaseSettings):
 
         `web_may_lack_model`: `serve` with the web chat as its only channel starts without a
         model (the page tells a newcomer what to set)."""
+        if self.context_selector:
+            try:
+                load_selector(self.context_selector)
+            except ValueError as exc:
+                raise ConfigError(f"BUB_CONTEXT_SELECTOR: {exc}") from None
         try:
             parse_database_url(self.database)
         except ValueError as exc:

@@ -54,6 +54,12 @@ class Metrics:
             "bub_spills", "Tool outputs spilled to the sidecar", ["outcome"], registry=r
         )
         self.auto_handoffs = Counter("bub_auto_handoffs", "Context-overflow handoffs", registry=r)
+        self.subagents = Counter(
+            "bub_subagents",
+            "Subagent runs by session mode (temp, inherit, named) and how they ended",
+            ["mode", "status"],
+            registry=r,
+        )
         self.replies = Counter(
             "bub_replies", "Reply pieces by channel and outcome", ["channel", "outcome"], registry=r
         )
@@ -139,6 +145,8 @@ class Metrics:
             self.spills.labels("ok" if data.get("ok") else "failed").inc()
         elif event == "auto_handoff":
             self.auto_handoffs.inc()
+        elif event == "subagent":
+            self.subagents.labels(data.get("mode", ""), data.get("status", "")).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

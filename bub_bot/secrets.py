@@ -155,19 +155,56 @@ SECRET_FILE_PATTERNS = (
     ".azure",
     ".kube",
     ".docker",
+    # Found missing in a review: tool credentials, cloud SDKs, shell and REPL histories.
+    ".envrc",
+    "credentials.*",
+    "*credentials*.json",
+    "service-account*.json",
+    "*-sa.json",
+    ".vault-token",
+    ".my.cnf",
+    ".mylogin.cnf",
+    ".s3cfg",
+    ".boto",
+    ".terraformrc",
+    "terraform.rc",
+    ".terraform.d",
+    "*.tfrc.json",
+    "kubeconfig",
+    "*.kubeconfig",
+    ".gcloud",
+    ".oci",
+    ".password-store",
+    ".authinfo*",
+    ".bash_history",
+    ".zsh_history",
+    ".history",
+    ".*_history",
+    ".lesshst",
+    ".viminfo",
+    ".wget-hsts",
+    ".pgpass.conf",
+    ".config/gh",
+    ".config/gcloud",
 )
 # Templates meant to be committed, without real values.
 SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.dist")
 
 
 def secret_path_match(path: PurePath) -> str | None:
-    """The pattern that makes `path` (relative to the workspace) a secret file, or None."""
+    """The pattern that makes `path` (relative to the workspace) a secret file, or None.
+
+    A pattern with a `/` matches consecutive parts (`.config/gh` anywhere in the path)."""
+    lowered = "/" + "/".join(part.lower() for part in path.parts) + "/"
+    for pattern in SECRET_FILE_PATTERNS:
+        if "/" in pattern and f"/{pattern}/" in lowered:
+            return pattern
     for part in path.parts:
         name = part.lower()
         if name in SECRET_FILE_EXCEPTIONS:
             continue
         for pattern in SECRET_FILE_PATTERNS:
-            if fnmatchcase(name, pattern):
+            if "/" not in pattern and fnmatchcase(name, pattern):
                 return pattern
     return None
 

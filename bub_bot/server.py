@@ -17,6 +17,7 @@ from channels.base import Announces, Channel, SendsFiles
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.schedule_tools import register_schedule_tools
 from .agent.send_file import register_send_file
+from .agent.subagent import register_subagent_tool
 from .config import MODEL_MISSING, ConfigError, Settings
 from .runtime import Runtime
 from .runtime.outfiles import OutFiles
@@ -94,6 +95,7 @@ class Bot:
         register_schedule_tools(agent.tools, runtime.schedules)
         if any(isinstance(c, SendsFiles) for c in channels):
             register_send_file(agent.tools, OutFiles(settings, runtime.channels))
+        register_subagent_tool(agent.tools, runtime.subagents)
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)
         bot = cls(settings, store, agent, runtime, channels)

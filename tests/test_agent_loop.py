@@ -171,7 +171,15 @@ async def test_dotted_names_exposed_with_underscores_and_resolved_back(fake_open
     names = [t["function"]["name"] for t in tools]
     assert all("." not in n for n in names)
     expected = {"tape_info", "tape_search", "tape_anchors", "tape_handoff", "spill_read"}
-    assert expected | {"fs_list", "fs_read", "web_fetch", "skill", "demo_echo_back"} == set(names)
+    assert expected | {
+        "fs_list",
+        "fs_read",
+        "fs_write",
+        "fs_edit",
+        "web_fetch",
+        "skill",
+        "demo_echo_back",
+    } == set(names)
     echo = tools[names.index("demo_echo_back")]["function"]
     assert echo["parameters"]["properties"]["words"]["type"] == "string"
     assert echo["parameters"]["required"] == ["words"]

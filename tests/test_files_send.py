@@ -75,11 +75,18 @@ async def test_the_same_file_for_the_same_message_is_posted_once_and_symlinks_ar
     tg.push_update(tg.private_text(USER, "send a.txt"))
     await h.replies(USER, 1)
     assert [f["data"] for f in tg.files_sent] == [b"hello"]
+    # Secret files are never sent (the file tools' rule).
+    (workspace / ".env").write_text("OPENAI_API_KEY=sk-x")
+    fake_openai.script(_send(".env", call="c6"), text("no"))
+    tg.push_update(tg.private_text(USER, "send .env"))
+    await h.replies(USER, 2)
+    assert "may hold secrets" in _tool_results(fake_openai)[-1]
+    assert len(tg.files_sent) == 1
     results = _tool_results(fake_openai)
     assert "already sent in this conversation" in results[1]
-    assert "link.txt: no such file (or a symlink)" in results[2]
-    assert "up/secret.txt: no such directory (or a symlink)" in results[3]
-    assert "without '..'" in results[4]
+    assert "'link.txt' leads outside the workspace (through a symlink)" in results[2]
+    assert "'up/secret.txt' leads outside the workspace" in results[3]
+    assert "'..' is not allowed" in results[4]
 
 
 async def test_slack_gets_the_file_in_the_thread(

@@ -218,6 +218,19 @@ REFUSED = [
     "secrets.yaml",
     "infra/terraform.tfstate",
     "link_to_env.txt",  # a symlink to .env: the target decides
+    # found readable in a security review
+    ".envrc",
+    ".cargo/credentials.toml",
+    ".config/gh/hosts.yml",
+    ".vault-token",
+    ".my.cnf",
+    ".s3cfg",
+    ".boto",
+    ".terraformrc",
+    "service-account.json",
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
 ]
 ALLOWED = [".env.example", "environment.md", "notes.txt", ".gitignore", "keys.md", "monkey.txt"]
 

@@ -471,15 +471,16 @@ async def test_reset_archives_tape_and_sidecar(store):
     assert await all_entries(store, sidecar_name("t", "spill")) == []
 
     fresh = await all_entries(store, "t")
-    assert len(fresh) == 1
+    # The fresh tape: its anchor, then what happened to the sidecar (context=False events).
+    assert [e.kind for e in fresh] == ["anchor", "event", "event"]
+    assert [e.name for e in fresh[1:]] == ["sidecar.archive", "sidecar.reset"]
     assert fresh[0].id == 1
-    assert fresh[0].kind == "anchor"
     assert fresh[0].payload == {
         "name": BOOTSTRAP_ANCHOR,
         "state": {"owner": "human", "archived": archived},
     }
     info = await tape.info()
-    assert (info.entries, info.anchors, info.last_anchor) == (1, 1, BOOTSTRAP_ANCHOR)
+    assert (info.entries, info.anchors, info.last_anchor) == (3, 1, BOOTSTRAP_ANCHOR)
     assert await tape.read_messages() == []
     assert await tape.ensure_bootstrap_anchor() is None
 
@@ -495,7 +496,12 @@ async def test_reset_archives_tape_and_sidecar(store):
     await tape.append_message({"role": "user", "content": "phase two"})
     second = await tape.reset()
     assert second != archived
-    assert texts(await all_entries(store, second)) == ["anchor:session/start", "phase two"]
+    assert texts(await all_entries(store, second)) == [
+        "anchor:session/start",
+        "event:sidecar.archive",
+        "event:sidecar.reset",
+        "phase two",
+    ]
     assert await all_entries(store, archived) == old
     assert sorted(t.name for t in await store.list_tapes()) == ["other", "t"]
 
@@ -523,12 +529,12 @@ async def test_reset_without_archive_deletes(store):
     await tape.sidecar("spill").append(msg("gone too"))
     assert await tape.reset(archive=False) is None
     fresh = await all_entries(store, "t")
-    assert len(fresh) == 1
+    assert texts(fresh) == ["anchor:session/start", "event:sidecar.reset"]
     assert fresh[0].payload == {"name": BOOTSTRAP_ANCHOR, "state": {"owner": "human"}}
     assert await all_entries(store, sidecar_name("t", "spill")) == []
     names = {t.name for t in await store.list_tapes(include_all=True)}
     assert names == {"t"}
-    assert await stored_rows(store) == 1
+    assert await stored_rows(store) == 2
 
 
 async def stored_rows(store: TapeStore) -> int:

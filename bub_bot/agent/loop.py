@@ -13,12 +13,12 @@ from typing import Any
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
-from ..tape.context import Selector
+from ..tape.context import Selector, load_selector
 from . import spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
-from .tools import Origin, ToolContext, ToolRegistry
+from .tools import Origin, ToolContext, ToolRegistry, payer_of
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,19 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.selector: Selector = (
+            load_selector(settings.context_selector)
+            if settings.context_selector
+            else default_selector
+        )
+        """Entries -> messages for every model call (BUB_CONTEXT_SELECTOR, else the default)."""
         self.scrub = Scrubber.for_settings(settings)
         """Replaces configured secrets in tool results and the prompt (the model's replies
         are scrubbed by the model client)."""
+
+    def notify(self, name: str, data: dict[str, Any]) -> None:
+        """Tell the observers (metrics) of an event of work the agent ran (subagents)."""
+        self._notify(name, data)
 
     def _notify(self, name: str, data: dict[str, Any]) -> None:
         for hook in self.hooks:
@@ -73,13 +83,18 @@ class Agent:
         new_messages: Sequence[dict[str, Any]] = (),
         *,
         workspace: Path | None = None,
-        selector: Selector = default_selector,
+        selector: Selector | None = None,
         entry_filter: EntryFilter | None = None,
         before_step: Callable[[int], Awaitable[None]] | None = None,
         turn_id: str = "",
         turn_start: int | None = None,
         progress: ProgressCallback | None = None,
         origin: Origin | None = None,
+        depth: int = 0,
+        allowed_tools: frozenset[str] | None = None,
+        model: str | None = None,
+        max_steps: int | None = None,
+        payer: dict[str, Any] | None = None,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -92,24 +107,43 @@ class Agent:
         `progress` sees each step as it is written (its text so far; the names of the tools
         a step calls): the model streams when it is given. `origin`: where the turn's work
         came from, for the tools (`ToolContext.origin`).
+
+        A subagent's turn (bub_bot/agent/subagent.py) passes its `depth`, the tool names it
+        may use (`allowed_tools`), its `model` and `max_steps`, and `payer`: the origin of
+        the parent turn, recorded in its `loop.start` and `run` events (whom its model use
+        is charged to).
         """
         workspace = workspace or self.settings.workspace
+        selector = selector or self.selector
         started_turn = time.perf_counter()
         first = [TapeEntry.message(m) for m in new_messages]
-        first.append(TapeEntry.event("loop.start", {"turn": turn_id}, context=False))
+        start: dict[str, Any] = {"turn": turn_id}
+        if payer is not None:
+            start["payer"] = payer
+        first.append(TapeEntry.event("loop.start", start, context=False))
         # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
         written = await tape.append_many(first, bootstrap=True)
         if turn_start is None:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
-        ctx = ToolContext(tape=tape, workspace=workspace, settings=self.settings, origin=origin)
+        ctx = ToolContext(
+            tape=tape,
+            workspace=workspace,
+            settings=self.settings,
+            origin=origin,
+            depth=depth,
+            allowed_tools=allowed_tools,
+            model=model,
+            scrubber=self.scrub,
+        )
+        max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
         seen_through = 0
         auto_handed_off = False
         step = 0
-        while step < self.settings.max_steps:
+        while step < max_steps:
             step += 1
             if before_step is not None:
                 await before_step(step)
@@ -121,6 +155,8 @@ class Agent:
             if entry_filter is not None:
                 entries = entry_filter(entries)
             tools = self.tools.visible(workspace)
+            if allowed_tools is not None:
+                tools = [t for t in tools if t.name in allowed_tools]
             messages = [
                 {
                     "role": "system",
@@ -134,7 +170,12 @@ class Agent:
             ]
             try:
                 schemas = [t.schema() for t in tools]
-                reply = await self.model.complete(messages, schemas, on_progress=progress)
+                if model is None:
+                    reply = await self.model.complete(messages, schemas, on_progress=progress)
+                else:
+                    reply = await self.model.complete(
+                        messages, schemas, on_progress=progress, model=model
+                    )
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
                 if auto_handed_off:
@@ -203,18 +244,26 @@ class Agent:
             for key, value in reply.usage.items():
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
-            self._notify("model_call", {"latency_ms": reply.latency_ms, "usage": reply.usage})
-            run_event = TapeEntry.event(
-                "run",
+            self._notify(
+                "model_call",
                 {
-                    "model": reply.model,
+                    "latency_ms": reply.latency_ms,
                     "usage": reply.usage,
-                    "latency_ms": round(reply.latency_ms, 1),
-                    "step": step,
-                    "turn": turn_id,
+                    # Whom the call is for: a subagent's is charged to its parent turn's origin.
+                    "payer": payer or payer_of(origin),
+                    "subagent": payer is not None,
                 },
-                context=False,
             )
+            run_data: dict[str, Any] = {
+                "model": reply.model,
+                "usage": reply.usage,
+                "latency_ms": round(reply.latency_ms, 1),
+                "step": step,
+                "turn": turn_id,
+            }
+            if payer is not None:
+                run_data["payer"] = payer
+            run_event = TapeEntry.event("run", run_data, context=False)
             if not reply.tool_calls:
                 final = TapeEntry.message(
                     {"role": "assistant", "content": reply.content},
@@ -248,6 +297,11 @@ class Agent:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))
             step_entries = await self._run_tools(ctx, tape, reply)
+            step_entries.extend(ctx.records)
+            ctx.records = []
+            for key, value in ctx.usage.items():
+                usage_total[key] = usage_total.get(key, 0) + value
+            ctx.usage = {}
             step_entries.append(run_event)
             step_entries.append(
                 TapeEntry.event(
@@ -264,7 +318,7 @@ class Agent:
             await tape.append_many(step_entries)
 
         note = (
-            f"I stopped after {self.settings.max_steps} steps without a final answer."
+            f"I stopped after {max_steps} steps without a final answer."
             " Ask me to continue, or narrow the request."
         )
         return await self._end(

@@ -128,8 +128,9 @@ class ModelClient:
         max_tokens: int | None = None,
         timeout: float | None = None,
         on_progress: ProgressCallback | None = None,
+        model: str | None = None,
     ) -> ModelReply:
-        """One chat completion. Raises ContextOverflow or ModelError (never SDK exceptions).
+        """One chat completion (with `model`, or BUB_MODEL when None). Raises ContextOverflow or ModelError (never SDK exceptions).
 
         With `on_progress` (and BUB_STREAM on) the answer is streamed and `on_progress` sees
         the text as it grows. A server that refuses to stream, or a stream that breaks, gets
@@ -140,7 +141,7 @@ class ModelClient:
         a fallback request included; past it: ModelError, after `Progress("reset")` if
         anything was shown.
         """
-        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        body: dict[str, Any] = {"model": model or self.model, "messages": messages}
         if tools:
             body["tools"] = tools
         limit = max_tokens or self.max_tokens

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field
 
+from .. import beneath
 from ..secrets import secret_path_match
 from .tools import ToolContext, ToolError, ToolRegistry
 
@@ -48,26 +49,18 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def open_beneath(root: Path, parts: Sequence[str], *, directory: bool = False) -> int:
-    """A file descriptor of `root/parts...`, following no symlink beneath `root`.
-
-    Each component is opened with O_NOFOLLOW relative to the one before, so a symlink
-    anywhere below `root` fails (ELOOP / ENOTDIR) instead of leading elsewhere; the last
-    must be a directory (`directory`) or a regular file (else OSError EINVAL).
-    `root` itself is the operator's path and may contain symlinks. The caller closes the
-    descriptor. Kept to this one function so the shared safe file-access module can
-    replace it.
-    """
-    flags = os.O_RDONLY | os.O_CLOEXEC
-    fd = os.open(root, flags | os.O_DIRECTORY)
+    """A file descriptor of `root/parts...`, following no symlink beneath `root`
+    (bub_bot/beneath.py: a symlink anywhere below `root` fails instead of leading
+    elsewhere); the last must be a directory (`directory`) or a regular file (else OSError
+    EINVAL). `root` itself is the operator's path and may contain symlinks. The caller
+    closes the descriptor."""
+    base = os.open(root, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
     try:
-        for index, part in enumerate(parts):
-            if part in ("", ".", "..") or "/" in part or "\0" in part:
-                raise OSError(errno.EINVAL, f"bad path component {part!r}")
-            last = index == len(parts) - 1
-            mode = os.O_DIRECTORY if (directory or not last) else os.O_NONBLOCK
-            child = os.open(part, flags | os.O_NOFOLLOW | mode, dir_fd=fd)
-            os.close(fd)
-            fd = child
+        flags = os.O_RDONLY | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+        fd = beneath.open_beneath(base, parts, flags)
+    finally:
+        os.close(base)
+    try:
         info = os.fstat(fd)
         if not (stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)):
             raise OSError(errno.EINVAL, "not a regular file")

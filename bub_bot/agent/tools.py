@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 import pydantic
 
+from ..secrets import Scrubber
+
 if TYPE_CHECKING:
     from ..config import Settings
     from ..tape import Tape, TapeEntry
@@ -30,6 +32,11 @@ class Origin:
     via: str = ""
 
 
+def payer_of(origin: Origin) -> dict[str, Any]:
+    """Whom a turn's model use is charged to: its origin's conversation and person."""
+    return {"session_id": origin.session_id, "channel": origin.channel, "sender": origin.sender}
+
+
 @dataclass
 class ToolContext:
     """What a tool may touch: the session's tape, its workspace, and deferred tape writes."""
@@ -43,6 +50,26 @@ class ToolContext:
     handed_off: bool = False
     origin: Origin = field(default_factory=Origin)
     """The conversation and person the turn is for (tools that post later: schedules)."""
+    # subagents (bub_bot/agent/subagent.py)
+    depth: int = 0
+    """0 for a conversation's own turn; a subagent's is its parent's + 1."""
+    allowed_tools: frozenset[str] | None = None
+    """The tool names this turn may call (None: every tool offered); a subagent's `tools`
+    argument narrows its parent's, never widens it."""
+    model: str | None = None
+    """The model this turn uses (None: BUB_MODEL)."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token usage of work the step's tools ran (a subagent's), added to the turn's."""
+    records: list[TapeEntry] = field(default_factory=list)
+    """Entries written with the current step, after its tool results (audit events)."""
+    scrubber: Scrubber | None = None
+    """The agent's secret scrubber (built once, not per call); None: build from settings."""
+
+    def scrub(self) -> Scrubber:
+        """The scrubber for what a tool reads (the agent's when it gave one)."""
+        if self.scrubber is None:
+            self.scrubber = Scrubber.for_settings(self.settings)
+        return self.scrubber
 
 
 class ToolError(Exception):
@@ -189,8 +216,13 @@ class ToolRegistry:
     async def call(self, ctx: ToolContext, name: str, arguments: str) -> tuple[bool, Any]:
         """Run one call; returns (ok, result). Failures become an error result, never raise."""
         tool = self.get(name, ctx.workspace)
+        if tool is not None and ctx.allowed_tools is not None:
+            tool = tool if tool.name in ctx.allowed_tools else None
         if tool is None or not tool.model_visible:
-            known = ", ".join(t.exposed_name for t in self.visible(ctx.workspace))
+            offered = self.visible(ctx.workspace)
+            if ctx.allowed_tools is not None:
+                offered = [t for t in offered if t.name in ctx.allowed_tools]
+            known = ", ".join(t.exposed_name for t in offered)
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
             raw = json.loads(arguments or "{}")

@@ -4,8 +4,11 @@ The name is ours, never the sender's verbatim: a date, a hash of (tape, entry, i
 cleaned stem, so it is unique, cannot traverse, never overwrites, and is the same on every
 attempt (a restart mid-download finds the finished file instead of saving a second copy).
 The bytes go to a hidden part file created with O_CREAT|O_EXCL|O_NOFOLLOW in the inbox
-directory opened with O_NOFOLLOW|O_DIRECTORY, then are linked to the final name (which fails
-rather than replace anything) — one atomic step."""
+directory (opened beneath the workspace with no symlink followed, `bub_bot/beneath.py` as the
+workspace-files module does), then are linked to the final name (which fails rather than
+replace anything) — one atomic step. `WorkspaceFiles.save_new` is not used: it takes the whole
+file in memory and picks another name when one is taken, where a resumed download must find
+the file an earlier attempt finished (same name) instead of saving a second copy."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import unicodedata
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..beneath import make_dirs_beneath, open_beneath
 
 INBOX = "inbox"
 SNIFF_BYTES = 8192
@@ -63,21 +68,17 @@ def inbox_prefix(key: str, day: str, sender_name: str) -> str:
 
 
 def _open_inbox(workspace: Path) -> int:
-    """The inbox directory (created if missing) as an fd, refusing symlinks on the way."""
+    """The inbox directory (created if missing) as an fd, refusing symlinks on the way
+    (`beneath.make_dirs_beneath`, the workspace-files module's own walk)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         root = os.open(workspace, flags)
     except OSError as exc:
         raise InboxError(f"workspace {workspace} cannot be opened: {exc.strerror}") from exc
     try:
-        try:
-            os.mkdir(INBOX, 0o750, dir_fd=root)
-        except FileExistsError:
-            pass
-        try:
-            return os.open(INBOX, flags, dir_fd=root)
-        except OSError as exc:
-            raise InboxError(f"{INBOX}/ is not a directory of the workspace") from exc
+        return make_dirs_beneath(root, (INBOX,), 0o750)
+    except OSError as exc:
+        raise InboxError(f"{INBOX}/ is not a directory of the workspace") from exc
     finally:
         os.close(root)
 
@@ -151,12 +152,15 @@ async def save(
 
 
 def read_head(workspace: Path, relpath: str, limit: int) -> bytes:
-    """Up to `limit` bytes of a file we saved (opened without following symlinks)."""
-    dir_fd = _open_inbox(workspace)
-    try:
-        name = relpath.split("/", 1)[1]
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as f:
+    """Up to `limit` bytes of a file we saved (opened beneath the workspace, no symlink)."""
+    name = relpath.split("/", 1)[1]
+    with os.fdopen(_open_saved(workspace, name), "rb") as f:
         return f.read(limit)
+
+
+def _open_saved(workspace: Path, name: str) -> int:
+    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return open_beneath(root, (INBOX, name), os.O_RDONLY | os.O_NONBLOCK)
+    finally:
+        os.close(root)

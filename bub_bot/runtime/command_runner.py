@@ -20,6 +20,7 @@ from ..schedules.book import ScheduleBook, jobs_text
 from ..tape import Tape, TapeEntry
 from .delivery import Delivery
 from .session import Session
+from .subagents import BackgroundSubagents, status_lines
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -40,12 +41,15 @@ class CommandRunner:
         delivery: Delivery,
         emit: Callable[..., None],
         schedules: ScheduleBook | None = None,
+        background: BackgroundSubagents | None = None,
     ) -> None:
         self.settings = settings
         self.agent = agent
         self.delivery = delivery
         self._emit = emit
         self.schedules = schedules
+        self.background = background
+        """Background subagents (/status lists them, /stop cancels)."""
 
     async def run(self, session: Session, command: TapeEntry) -> None:
         """Run `command`; a failure of any kind still ends in a recorded reply."""
@@ -121,13 +125,26 @@ class CommandRunner:
         if command.name == "status":
             info = await tape.info()
             usage = info.last_usage or {}
-            return (
+            text = (
                 f"Entries: {info.entries}\nAnchors: {info.anchors}\n"
                 f"Last anchor: {info.last_anchor or '-'}\n"
                 f"Entries since it: {info.entries_since_anchor}\n"
                 f"Last token usage: {_usage_text(usage)}\n"
                 f"Workspace: {session.workspace}"
             )
+            if self.background is not None:
+                running = status_lines(await self.background.listed(session.id))
+                if running:
+                    text += "\nBackground work (stop with /stop <id>):\n" + "\n".join(running)
+            return text
+        if command.name == "stop":
+            if self.background is None:
+                return "Nothing runs in the background here."
+            stopped = await self.background.stop(session.id, command.args or None)
+            if not stopped:
+                which = f" {command.args}" if command.args else ""
+                return f"No background work{which} is running in this conversation (see /status)."
+            return "Stopped: " + ", ".join(stopped) + "."
         if command.name == "anchors":
             anchors = await tape.anchors(command.count)
             lines = [

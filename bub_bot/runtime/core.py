@@ -13,6 +13,7 @@ from typing import Any
 from channels.base import Channel, Inbound, Received
 
 from ..agent import Agent
+from ..agent.subagent import Subagents
 from ..config import Settings
 from ..schedules.book import ScheduleBook
 from ..schedules.prompts import PromptKind
@@ -25,6 +26,7 @@ from .leases import Leadership, LeaseKeeper, Leases, LocalLeases
 from .placement import Placement
 from .recovery import Recovery
 from .session import Session, Sessions
+from .subagents import BackgroundSubagents, SubagentWatchdog
 from .timer import Timer
 from .turns import TurnRunner
 from .worker import SessionWorker
@@ -86,6 +88,15 @@ class Runtime:
         prompts = PromptKind(settings.schedule_grace_seconds, settings.schedule_drop_seconds)
         self.timer.kinds[prompts.name] = prompts
         self.schedules.added = self.timer.added
+        self.subagents = Subagents(agent)
+        """Subagent runs (the `subagent` tool, registered by whoever builds the tools)."""
+        self.background = BackgroundSubagents(
+            settings, store, self.subagents, self.ingress, self.leases, self.timer.added, clock
+        )
+        self.subagents.background = self.background
+        self.commands.background = self.background
+        watchdog = SubagentWatchdog()
+        self.timer.kinds[watchdog.name] = watchdog
 
     # -- observation ---------------------------------------------------------------------------
     def _emit(self, event: str, **data: Any) -> None:
@@ -172,6 +183,7 @@ class Runtime:
         await self.replicas.start()
         await self.resume()
         self.timer.start()
+        self.background.start_sweeping()  # background subagents a crash interrupted
 
     async def resume(self, sessions: set[str] | None = None) -> int:
         """After a start: wake every session (or just `sessions`) with unfinished inbound work.
@@ -210,6 +222,7 @@ class Runtime:
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""
         await self.timer.stop()  # a job due from now on fires on a replica that stays
+        await self.background.close()  # their jobs stay: they run again on a start
         self.sessions.closing = True
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
         tasks = [s.task for s in self.sessions if s.task and not s.task.done()]

@@ -4,18 +4,20 @@ through the conversation's channel, recorded on the tape before (`file.sending`)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+from pathlib import PurePosixPath
 from typing import Any
 
 from channels.base import Channel, DeliveryError, DeliveryUnknown, SendsFiles
 
 from ..agent.tools import ToolContext, ToolError
 from ..config import Settings
-from ..files.outgoing import NotSendable, read_workspace_file
 from ..files.sniff import sniff
 from ..tape import TapeEntry
+from ..workspace_files import FileRefused, WorkspaceFiles
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -37,12 +39,18 @@ class OutFiles:
         channel = self.channels.get(origin.channel)
         if not isinstance(channel, SendsFiles) or not origin.reply_target:
             raise ToolError("this conversation's channel cannot receive files")
+        files = WorkspaceFiles.for_settings(ctx.workspace, self.settings)
         try:
-            name, data = read_workspace_file(
-                ctx.workspace, path, self.settings.attachment_max_bytes
+            # The workspace-files rules: beneath the workspace, no symlink out, never a
+            # secret file or bub-bot's own data, regular files only.
+            data = await asyncio.to_thread(
+                files.read_bytes, path, self.settings.attachment_max_bytes
             )
-        except NotSendable as exc:
+        except FileRefused as exc:
             raise ToolError(str(exc)) from exc
+        if not data:
+            raise ToolError(f"{path!r} is empty")
+        name = PurePosixPath(path).name
         mime = sniff(data[:8192], name)[0]
         digest = hashlib.sha256(data).hexdigest()
         # One post per (message answered, file content, path, caption): a restarted turn

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .connect import open_store
 from .context import Selector, default_selector, visible
 from .entries import KINDS, PayloadError, TapeEntry, utc_now
+from .fork import ForkTape, fork, open_fork
+from .forks import ForkError, ForkPoint, Merged
 from .names import archive_name, sidecar_name, tape_name
 from .query import AnchorNotFound
 from .sqlite import SQLiteTapeStore
@@ -40,6 +42,10 @@ __all__ = [
     "AnchorNotFound",
     "DatabaseURL",
     "DedupeRecord",
+    "ForkError",
+    "ForkPoint",
+    "ForkTape",
+    "Merged",
     "PayloadError",
     "PostgresTapeStore",
     "SQLiteTapeStore",
@@ -53,6 +59,8 @@ __all__ = [
     "TapeSummary",
     "archive_name",
     "default_selector",
+    "fork",
+    "open_fork",
     "open_store",
     "parse_database_url",
     "sidecar_name",

@@ -75,3 +75,26 @@ def default_selector(entries: Sequence[TapeEntry]) -> list[dict[str, Any]]:
             )
         # event, system, error: audit only, never model input.
     return messages
+
+
+def load_selector(ref: str) -> Selector:
+    """The selector `module:function` names (BUB_CONTEXT_SELECTOR): a replacement strategy
+    (compaction, summary, retrieval) with the default's signature, entries -> messages.
+    ValueError says what is wrong with `ref`."""
+    import importlib
+
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{ref!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the module failing as it loads
+        raise ValueError(f"cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
+    found: Any = module
+    for part in attr.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise ValueError(f"{module_name!r} has no {attr!r}")
+    if not callable(found):
+        raise ValueError(f"{ref!r} is not callable")
+    return found

@@ -8,6 +8,7 @@ from pathlib import Path
 
 SIDECAR_SEP = "__sidecar__"
 ARCHIVE_SEP = "__archive__"
+FORK_SEP = "__fork__"
 
 
 def _md5_16(text: str) -> str:
@@ -30,10 +31,17 @@ def archive_name(tape: str, when: datetime | None = None) -> str:
     return f"{tape}{ARCHIVE_SEP}{stamp}"
 
 
+def fork_name(tape: str, tag: str) -> str:
+    """The name of fork `tag` of `tape` (its sidecars follow it: `<fork>__sidecar__<name>`)."""
+    return f"{tape}{FORK_SEP}{tag}"
+
+
 def tape_role(name: str) -> str:
-    """'archive', 'sidecar' or 'live', read from the name alone."""
+    """'archive', 'sidecar', 'fork' or 'live', read from the name alone."""
     if ARCHIVE_SEP in name:
         return "archive"
     if SIDECAR_SEP in name:
         return "sidecar"
+    if FORK_SEP in name:
+        return "fork"
     return "live"

@@ -27,9 +27,11 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
+from . import postgres_forks
 from .entries import TapeEntry, safe_text, utc_now
+from .forks import ForkPoint, Merged, lifecycle_events
 from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
-from .names import SIDECAR_SEP, tape_role
+from .names import SIDECAR_SEP, archive_name, tape_role
 from .postgres_leases import WAITING, PostgresLeases
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
@@ -45,8 +47,11 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
+    entry_row,
     firing_append,
+    fork_base,
     is_inbound,
+    new_tag,
     row_entry,
     with_ids,
 )
@@ -225,6 +230,37 @@ class PostgresTapeStore(StoreBase):
     async def _append_copies(self, copies: Copies) -> None:
         await self._write(_append_copies, copies)
 
+    # -- forks (tape/forks.py) -----------------------------------------------------------------
+    async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
+        """Fork `tape` and its sidecars at its last id (see TapeStore)."""
+        sid = safe_text(session_id) if session_id else None
+        forked = await self._write(postgres_forks.fork, tape, tag or new_tag(), sid, utc_now())
+        assert forked is not None
+        return forked
+
+    async def fork_point(self, name: str) -> ForkPoint | None:
+        """The stored fork `name` (None: not a fork, or merged or discarded)."""
+        async with self.pool.acquire() as conn:
+            return await postgres_forks.fork_point(conn, name)
+
+    async def forks(self, tape: str) -> list[str]:
+        """The live forks of `tape`, oldest first."""
+        async with self.pool.acquire() as conn:
+            return await postgres_forks.forks_of(conn, tape)
+
+    async def merge(self, name: str) -> Merged:
+        """Append the fork's entries (and its sidecars') to its parent; drop the fork."""
+        merged = await self._write(postgres_forks.merge, name, utc_now())
+        assert merged is not None
+        return merged
+
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop the fork (`whole`: or live tape; or archive it); returns the archive name
+        (None without `archive`, or when there was no such tape)."""
+        archived = archive_name(name) if archive else None
+        found = await self._write(postgres_forks.discard, name, archived, utc_now(), whole)
+        return archived if found else None
+
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
         if not records:
@@ -313,7 +349,8 @@ class PostgresTapeStore(StoreBase):
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT t.session_id,"
-                " (SELECT coalesce(max(id), 0) FROM bub_entries WHERE tape = t.id) AS entries,"
+                " coalesce((SELECT max(id) FROM bub_entries WHERE tape = t.id), t.base)"
+                " AS entries,"
                 " (SELECT count(*) FROM bub_entries WHERE tape = t.id AND kind = 'anchor')"
                 " AS anchors,"
                 " (SELECT coalesce(max(id), 0) FROM bub_entries"
@@ -497,6 +534,12 @@ async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
 
 async def _append_copies(conn: asyncpg.Connection, w: Copies) -> None:
     tape_id, last = await _lock_tape(conn, w.tape, w.session_id, w.updated)
+    if last == 0 and fork_base(w.tape, w.entries):
+        # A fork's own entries go on from its fork point (tape/forks.py).
+        last = fork_base(w.tape, w.entries)
+        await conn.execute(
+            "UPDATE bub_tapes SET base = $2, last_id = $2 WHERE id = $1", tape_id, last
+        )
     check_copy_ids(w.tape, w.entries, last)
     if w.rows:
         await conn.execute(
@@ -533,6 +576,9 @@ async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
             carry_after,
         )
         rows = rows + [tuple(r) for r in later if is_inbound(r["meta"])]  # type: ignore[misc]
+    sidecars = [r["name"] for r in family if r["name"] != tape]
+    if session is not None and sidecars:
+        rows = rows + [entry_row(e) for e in lifecycle_events(tape, sidecars, archived, reset=True)]
     ids = [r["id"] for r in family]
     if ids and archived is not None:
         # Renaming the tape rows moves all their entries at once: archive is O(1).

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 # -- SQLite -------------------------------------------------------------------------------
-SQLITE_VERSION = 3
+SQLITE_VERSION = 4
 """The schema this code writes; kept in `PRAGMA user_version`."""
 
 SQLITE_MIGRATIONS: dict[int, str] = {
@@ -80,6 +80,13 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_due ON jobs (due);
 CREATE INDEX IF NOT EXISTS jobs_by_session ON jobs (session_id, kind);
 """,
+    # Forks (tape/forks.py): a fork's row names its parent tape and the parent's last id at
+    # the fork point (`base`); the fork's own entries continue at base + 1.
+    4: """
+ALTER TABLE tapes ADD COLUMN parent TEXT;
+ALTER TABLE tapes ADD COLUMN base INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS tapes_by_parent ON tapes (parent) WHERE parent IS NOT NULL;
+""",
 }
 
 
@@ -120,7 +127,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 4
+POSTGRES_VERSION = 5
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
@@ -192,6 +199,13 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX bub_jobs_by_due ON bub_jobs (due)",
         "CREATE INDEX bub_jobs_by_session ON bub_jobs (session_id, kind)",
+    ),
+    # Forks (tape/forks.py): a fork's row names its parent tape and the parent's last id at
+    # the fork point (`base`); the fork's `last_id` starts there.
+    5: (
+        'ALTER TABLE bub_tapes ADD COLUMN parent text COLLATE "C"',
+        "ALTER TABLE bub_tapes ADD COLUMN base bigint NOT NULL DEFAULT 0",
+        "CREATE INDEX bub_tapes_by_parent ON bub_tapes (parent) WHERE parent IS NOT NULL",
     ),
 }
 

@@ -13,9 +13,11 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from . import sqlite_forks
 from .entries import TapeEntry, safe_text, utc_now
+from .forks import ForkPoint, Merged, lifecycle_events
 from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
-from .names import SIDECAR_SEP, tape_role
+from .names import SIDECAR_SEP, archive_name, tape_role
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .store import (
@@ -29,8 +31,11 @@ from .store import (
     TapeStoreError,
     TapeSummary,
     check_copy_ids,
+    entry_row,
     firing_append,
+    fork_base,
     is_inbound,
+    new_tag,
     row_entry,
     with_ids,
 )
@@ -122,6 +127,36 @@ class SQLiteTapeStore(StoreBase):
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
         return await self._run(_add_dedupe, list(records))
+
+    # -- forks (tape/forks.py) ---------------------------------------------------------------
+    async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
+        """Fork `tape` and its sidecars at its last id (see TapeStore)."""
+        return await self._run(
+            sqlite_forks.fork,
+            tape,
+            tag or new_tag(),
+            safe_text(session_id) if session_id else None,
+            utc_now(),
+        )
+
+    async def fork_point(self, name: str) -> ForkPoint | None:
+        """The stored fork `name` (None: not a fork, or merged or discarded)."""
+        return await self._run(sqlite_forks.fork_point, name)
+
+    async def forks(self, tape: str) -> list[str]:
+        """The live forks of `tape`, oldest first."""
+        return await self._run(sqlite_forks.forks_of, tape)
+
+    async def merge(self, name: str) -> Merged:
+        """Append the fork's entries (and its sidecars') to its parent; drop the fork."""
+        return await self._run(sqlite_forks.merge, name, utc_now())
+
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop the fork (`whole`: or live tape; or archive it); returns the archive name
+        (None without `archive`, or when there was no such tape)."""
+        archived = archive_name(name) if archive else None
+        found = await self._run(sqlite_forks.discard, name, archived, utc_now(), whole)
+        return archived if found else None
 
     # -- jobs ---------------------------------------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
@@ -234,10 +269,7 @@ def _tape_id(
     return cur.lastrowid  # type: ignore[return-value]
 
 
-def _last_id(conn: sqlite3.Connection, tape_id: int) -> int:
-    return conn.execute(
-        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ?", (tape_id,)
-    ).fetchone()[0]
+_last_id = sqlite_forks.last_id
 
 
 def _last_anchor(conn: sqlite3.Connection, tape_id: int) -> int:
@@ -378,7 +410,12 @@ def _append_copies(conn: sqlite3.Connection, w: Copies) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         tape_id = _tape_id(conn, w.tape, w.session_id, w.updated, w.updated)
-        check_copy_ids(w.tape, w.entries, _last_id(conn, tape_id))
+        last = _last_id(conn, tape_id)
+        if last == 0 and fork_base(w.tape, w.entries):
+            # A fork's own entries go on from its fork point (tape/forks.py).
+            last = fork_base(w.tape, w.entries)
+            conn.execute("UPDATE tapes SET base = ? WHERE id = ?", (last, tape_id))
+        check_copy_ids(w.tape, w.entries, last)
         conn.executemany(
             _INSERT, [(tape_id, e.id, *row) for e, row in zip(w.entries, w.rows, strict=True)]
         )
@@ -430,7 +467,12 @@ def _reset(conn: sqlite3.Connection, w: Reset, now: str) -> str | None:
                 (session[0], carry_after),
             )
             rows = rows + [r for r in later if is_inbound(r[3])]
-        for row_id, name in _family(conn, tape):
+        family = _family(conn, tape)
+        sidecars = [name for _, name in family if name != tape]
+        if session is not None and sidecars:
+            events = lifecycle_events(tape, sidecars, archived, reset=True)
+            rows = rows + [entry_row(e) for e in events]
+        for row_id, name in family:
             if archived is not None:
                 # Renaming the tape row moves all its entries at once: archive is O(1).
                 conn.execute(

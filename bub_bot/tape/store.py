@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from .entries import PayloadError, TapeEntry, dumps, safe_text, utc_now
+from .forks import ForkPoint, Merged
 from .jobs import Decide, Fired, Firing, Job
 from .leases import Leases, LocalLeases
-from .names import archive_name
+from .names import FORK_SEP, archive_name
 from .query import QuerySpec
 
 log = logging.getLogger("bub_bot.tape")
@@ -191,6 +193,29 @@ class TapeStore(Protocol):
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
+
+    # -- forks (tape/forks.py) -----------------------------------------------------------------
+    async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
+        """Fork `tape` (and its sidecars) at its last id, one transaction: the fork
+        `<tape>__fork__<tag>` (a fresh tag when none) reads the tape up to there plus its own
+        entries (`ForkTape`), and writes only to itself."""
+
+    async def fork_point(self, name: str) -> ForkPoint | None:
+        """The stored fork `name` (None: not a fork, or merged or discarded)."""
+
+    async def forks(self, tape: str) -> list[str]:
+        """The live forks of `tape`, oldest first."""
+
+    async def merge(self, name: str) -> Merged:
+        """Append fork `name`'s entries to its parent after the parent's last id (kind,
+        payload, meta, date kept), its sidecars' to the parent's sidecars, a `fork.merge` and
+        a `sidecar.merge` event per sidecar (context=False) on the parent, and drop the fork:
+        one transaction. ForkError when `name` is not a live fork."""
+
+    async def discard(self, name: str, *, archive: bool = False, whole: bool = False) -> str | None:
+        """Drop fork `name` and its sidecars (or move them under an archive name, returned);
+        None when there was no such fork. `whole`: also a live tape (a temp subagent's,
+        whose tape ends with its run: archived without a fresh tape left behind)."""
 
     # -- jobs: durable timers (tape/jobs.py) ---------------------------------------------------
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
@@ -465,11 +490,24 @@ def firing_append(job: Job, firing: Firing) -> Append | None:
         return None
 
 
+def new_tag() -> str:
+    """A fresh fork tag."""
+    return uuid.uuid4().hex[:12]
+
+
 def with_ids(entries: Sequence[TapeEntry], ids: Sequence[int]) -> list[TapeEntry]:
     """`entries` as written, carrying the ids the store gave them."""
     return [
         TapeEntry(e.kind, e.payload, e.meta, e.date, i) for e, i in zip(entries, ids, strict=True)
     ]
+
+
+def fork_base(tape: str, entries: Sequence[TapeEntry]) -> int:
+    """Where a copied fork's (or archived fork's) own entries start from: its fork point
+    (0: `tape` is no fork, or the copy does not start it)."""
+    if FORK_SEP not in tape or not entries or entries[0].id is None:
+        return 0
+    return max(entries[0].id - 1, 0)
 
 
 def check_copy_ids(tape: str, entries: Sequence[TapeEntry], last_id: int) -> None:

@@ -1,4 +1,5 @@
-"""`Tape`: one session's record, with the operations the agent and commands use."""
+"""`Tape`: one session's record, with the operations the agent and commands use; `ForkTape`:
+a durable fork of one (tape/forks.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 from .context import Selector, default_selector, visible
 from .entries import TapeEntry
+from .forks import ForkPoint, Merged
 from .names import sidecar_name, tape_name
+from .query import AnchorNotFound
 from .store import TapeStore
 
 BOOTSTRAP_ANCHOR = "session/start"
@@ -140,6 +143,13 @@ class Tape:
             self.name, archive=archive, first=first, carry_inbound_after=carry_inbound_after
         )
 
+    async def fork(self, *, tag: str = "") -> ForkTape:
+        """A durable fork of this tape (and its sidecars) at its last entry: it reads this
+        tape up to here plus its own entries and writes only to itself, until `merge()` or
+        `discard()` (tape/forks.py)."""
+        point = await self.store.fork(self.name, tag=tag, session_id=self.session_id)
+        return ForkTape(self.store, point)
+
     # -- reads --------------------------------------------------------------------------------
     async def query(self, **filters: Any) -> list[TapeEntry]:
         """`TapeStore.query` on this tape."""
@@ -147,7 +157,7 @@ class Tape:
 
     async def anchors(self, limit: int = 20) -> list[TapeEntry]:
         """The newest anchors, oldest first."""
-        found = await self.store.query(self.name, kinds=["anchor"], limit=limit, newest_first=True)
+        found = await self.query(kinds=["anchor"], limit=limit, newest_first=True)
         return found[::-1]
 
     async def info(self) -> TapeInfo:
@@ -157,9 +167,7 @@ class Tape:
         if stats.last_anchor_id:
             anchor = await self.store.get(self.name, stats.last_anchor_id)
             last_anchor = anchor.payload.get("name") if anchor else None
-        runs = await self.store.query(
-            self.name, kinds=["event"], names=["run"], limit=1, newest_first=True
-        )
+        runs = await self.query(kinds=["event"], names=["run"], limit=1, newest_first=True)
         usage = runs[0].payload.get("data", {}).get("usage") if runs else None
         return TapeInfo(
             name=self.name,
@@ -174,13 +182,92 @@ class Tape:
         """The entries of a view (default: after the last anchor), `context=False` removed."""
         if not view:
             view = {"after_last_anchor": True}
-        return visible(await self.store.query(self.name, **view))
+        return visible(await self.query(**view))
 
     async def read_messages(
         self, selector: Selector = default_selector, **view: Any
     ) -> list[dict[str, Any]]:
         """The model messages for a view (default: after the last anchor)."""
         return selector(await self.read_entries(**view))
+
+
+class ForkTape(Tape):
+    """A fork: reads `parent` up to `base` plus its own entries (ids go on from `base + 1`)."""
+
+    def __init__(self, store: TapeStore, point: ForkPoint) -> None:
+        super().__init__(store, point.name, point.session_id)
+        self.point = point
+        self.parent = point.parent
+        self.base = point.base
+
+    def sidecar(self, name: str) -> Tape:
+        """The fork of the parent's sidecar `name` (a plain tape when the parent had none)."""
+        own = sidecar_name(self.name, name)
+        base = self.point.sidecars.get(name)
+        if base is None:
+            return Tape(self.store, own, self.session_id)
+        return ForkTape(
+            self.store, ForkPoint(own, sidecar_name(self.parent, name), base, self.session_id)
+        )
+
+    async def append_many(
+        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+    ) -> list[TapeEntry]:
+        """Append to the fork only; never a bootstrap anchor (the parent's start is read
+        through the fork point, and a new anchor here would hide it)."""
+        return await super().append_many(entries)
+
+    async def merge(self) -> Merged:
+        """Append this fork's entries (and its sidecars') to the parent; the fork is gone."""
+        return await self.store.merge(self.name)
+
+    async def discard(self, *, archive: bool = False) -> str | None:
+        """Drop this fork (or archive it: returns the archive name)."""
+        return await self.store.discard(self.name, archive=archive)
+
+    async def query(self, **filters: Any) -> list[TapeEntry]:
+        """`TapeStore.query` over the parent up to the fork point, then the fork's own."""
+        limit = filters.get("limit")
+        newest_first = bool(filters.get("newest_first"))
+        start = filters.get("after_anchor") or (filters.get("between") or (None,))[0]
+        own_filters = dict(filters)
+        if start is not None:
+            try:
+                return await self.store.query(self.name, **filters)
+            except AnchorNotFound:
+                if not self.base:
+                    raise
+            own_filters.pop("after_anchor", None)
+            own_filters.pop("between", None)
+            parent_filters = dict(filters)
+        elif filters.get("after_last_anchor"):
+            if (await self.store.stats(self.name)).last_anchor_id > self.base:
+                return await self.store.query(self.name, **filters)
+            own_filters.pop("after_last_anchor")
+            parent_filters = dict(own_filters)
+            anchors = await self._parent(kinds=["anchor"], limit=1, newest_first=True)
+            if anchors:
+                parent_filters["after_id"] = max(filters.get("after_id") or 0, anchors[0].id)
+        else:
+            parent_filters = dict(filters)
+        parts: list[list[TapeEntry]] = []
+        if self.base and (filters.get("after_id") or 0) < self.base:
+            parts.append(await self._parent(**parent_filters))
+        parts.append(await self.store.query(self.name, **own_filters))
+        if newest_first:
+            parts.reverse()
+        found = [e for part in parts for e in part]
+        return found[:limit] if limit is not None else found
+
+    async def _parent(self, **filters: Any) -> list[TapeEntry]:
+        before = filters.get("before_id")
+        filters["before_id"] = self.base + 1 if before is None else min(before, self.base + 1)
+        return await self.store.query(self.parent, **filters)
+
+    async def anchors(self, limit: int = 20) -> list[TapeEntry]:
+        """The newest anchors, oldest first (the parent's before the fork point too)."""
+        found = await self.query(kinds=["anchor"], limit=limit, newest_first=True)
+        return found[::-1]
 
 
 def _start_state(workspace: str | Path | None) -> dict[str, Any]:

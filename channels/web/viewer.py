@@ -25,6 +25,7 @@ from bub_bot.schedules.book import job_summary
 from bub_bot.tape import KINDS, Tape, TapeStats
 from bub_bot.tape.names import ARCHIVE_SEP, tape_role
 
+from . import viewer_family
 from .render import page
 from .runtime import WebRuntime
 from .viewer_pages import TapePage, context_html, spill_html, tape_html, tapes_html, url
@@ -178,6 +179,8 @@ class ViewerRoutes:
             archives=await self._archives(name),
             spills=await self._spills(tape),
             jobs=await self._jobs(name, stats.session_id),
+            children=await viewer_family.children(self.store, name, stats.session_id),
+            parent=await viewer_family.parent(self.store, name, stats.session_id),
         )
         title = f"Tape {stats.session_id or name}"
         return self._respond(request, title, tape_html(result), result.to_json())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 from urllib.parse import urlencode
@@ -95,6 +95,10 @@ class TapePage:
     spills: list[dict[str, Any]]
     jobs: list[dict[str, Any]]
     """The session's scheduled jobs (`job_summary` and its kind), soonest first."""
+    children: list[dict[str, Any]] = field(default_factory=list)
+    """Subagent tapes and forks under this tape (viewer_family.py)."""
+    parent: dict[str, Any] | None = None
+    """The tape this one is a fork or subagent of."""
 
     def to_json(self) -> dict[str, Any]:
         stats = self.stats
@@ -125,6 +129,8 @@ class TapePage:
             "archives": self.archives,
             "spills": self.spills,
             "jobs": self.jobs,
+            "children": self.children,
+            "parent": self.parent,
         }
 
 
@@ -162,7 +168,20 @@ def _side(p: TapePage) -> str:
         f"<div>{escape(str(j['prompt']))}</div></li>"
         for j in p.jobs
     )
+    children = "".join(
+        f'<li><a href="/tapes/{escape(c["name"])}">{escape(str(c["session_id"] or c["name"]))}</a>'
+        f' <span class="muted">{escape(c["kind"])} · {c["entries"]} entries</span></li>'
+        for c in p.children
+    )
+    parent = ""
+    if p.parent is not None:
+        parent = (
+            f"<h2>Parent</h2><p>{escape(p.parent['kind'])}"
+            f' <a href="/tapes/{escape(p.parent["name"])}">'
+            f"{escape(str(p.parent.get('session_id') or p.parent['name']))}</a></p>"
+        )
     return (
+        f"{parent}<h2>Subagents and forks</h2><ul>{children or NONE}</ul>"
         f"<h2>Scheduled jobs</h2><ul>{jobs or NONE}</ul>"
         f"<h2>Anchors (newest first)</h2><ol class=timeline>{timeline or NONE}</ol>"
         f"<h2>Archives of this session</h2><ul>{archives or NONE}</ul>"
