@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-import aiohttp
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
@@ -39,10 +38,9 @@ from aiogram.exceptions import (
     AiogramError,
     TelegramAPIError,
     TelegramBadRequest,
-    TelegramNetworkError,
     TelegramUnauthorizedError,
 )
-from aiogram.types import BotCommand, BufferedInputFile, Message, Update
+from aiogram.types import BotCommand, Message, Update
 from aiohttp import web
 
 from bub_bot import commands
@@ -52,13 +50,12 @@ from .base import (
     DENIED,
     Attachment,
     DeliveryError,
-    DeliveryUnknown,
-    FetchFailed,
     Inbound,
     RuntimeLike,
     Sender,
 )
 from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
+from .telegram_files import TelegramFiles
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
 from .telegram_stream import Drafts, TelegramStream
@@ -133,6 +130,8 @@ class TelegramChannel:
             typing_interval=typing_interval,
         )
         self._drafts = Drafts()
+        self.files = TelegramFiles(self._api, self._outbox, self._scrub)
+        """Files of messages (fetched in the turn) and files the bot sends."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -227,30 +226,9 @@ class TelegramChannel:
             found.insert(0, photo)
         return found
 
-    async def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
         """A file of a message (`FetchesFiles`): getFile, then the file download path."""
-        file_id = str(ref.get("file_id") or "")
-        if not file_id:
-            raise FetchFailed("no Telegram file id")
-        try:
-            async with self._api() as bot:
-                info = await bot.get_file(file_id)
-                if not info.file_path:
-                    raise FetchFailed("Telegram gave no file path")
-                if (info.file_size or 0) > max_bytes:
-                    raise FetchFailed(f"larger than {max_bytes} bytes")
-                url = bot.session.api.file_url(bot.token, info.file_path)
-                got = 0
-                async for chunk in bot.session.stream_content(url, timeout=120):
-                    got += len(chunk)
-                    if got > max_bytes:
-                        raise FetchFailed(f"larger than {max_bytes} bytes")
-                    yield chunk
-        except TelegramBadRequest as exc:
-            raise FetchFailed(f"Telegram refused it: {self._scrub(exc)}") from exc
-        except (TelegramAPIError, AiogramError, aiohttp.ClientError, TimeoutError) as exc:
-            # The token is in the file URL: the reason is scrubbed before anyone sees it.
-            raise FetchFailed(f"download failed: {self._scrub(exc)}", retry=True) from exc
+        return self.files.fetch(ref, max_bytes)
 
     @contextlib.asynccontextmanager
     async def _api(self) -> AsyncIterator[Bot]:
@@ -453,24 +431,9 @@ class TelegramChannel:
         self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
     ) -> list[str]:
         """Post a file (`SendsFiles`): sendPhoto for a photo Telegram shows, else sendDocument."""
-        chat_id = self._route(int(target["chat_id"]))
-        thread = target.get("thread_id")
-        upload = BufferedInputFile(data, filename=name)
-        text = caption[:1024] if caption else None
-        photo = mime in ("image/jpeg", "image/png", "image/webp") and len(data) <= 10_000_000
-
-        async def post(bot: Bot) -> Message:
-            if photo:
-                return await bot.send_photo(chat_id, upload, caption=text, message_thread_id=thread)
-            return await bot.send_document(chat_id, upload, caption=text, message_thread_id=thread)
-
-        try:
-            sent = await self._outbox.call(chat_id, post)
-        except (TelegramNetworkError, TimeoutError) as exc:
-            raise DeliveryUnknown(self._scrub(exc)) from None
-        except (TelegramAPIError, AiogramError) as exc:
-            raise DeliveryError(self._scrub(exc)) from None
-        return [str(sent.message_id)]
+        return await self.files.send(
+            self._route(int(target["chat_id"])), target, name, data, mime, caption
+        )
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self._outbox.working(target)

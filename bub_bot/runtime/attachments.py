@@ -123,7 +123,11 @@ class Attachments:
                 f"[{label} — {result['type']}, {human_size(result['size'])},"
                 f" saved as {result['path']}]"
             )
-            body, image, transcript = await self._content(session.workspace, att, result)
+            try:
+                body, image, transcript = await self._content(session.workspace, att, result)
+            except Exception as exc:  # an unreadable file must not cost the message
+                log.exception("attachment.unreadable session=%s entry=%d", session.id, message.id)
+                body, image, transcript = f"(could not be read: {type(exc).__name__})", None, None
             if transcript is not None:
                 transcribed = True
                 texts.append(f"[{label}, transcribed] {transcript}")
