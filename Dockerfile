@@ -8,6 +8,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# bubblewrap: the bash tool's sandbox where the container may create user namespaces (else the
+# bot uses its Landlock helper; README "Acting tools and the sandbox").
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies in their own layer: rebuilt only when pyproject.toml changes.
 COPY pyproject.toml README.md ./
 RUN mkdir -p bub_bot channels \

@@ -61,7 +61,26 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="database URL to copy into, e.g. postgresql://user:password@host:5432/db",
     )
+    usage = sub.add_parser(
+        "usage",
+        help="model usage per person, conversation or model (counters in the database)",
+        description="Messages, tokens and cost (BUB_MODEL_PRICES) summed over calendar days"
+        " in BUB_TIMEZONE.",
+    )
+    usage.add_argument("--since", type=_day, required=True, help="first day, YYYY-MM-DD")
+    usage.add_argument("--until", type=_day, default=None, help="last day (default: today)")
+    usage.add_argument("--by", choices=("user", "conversation", "model"), default="user")
+    usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
     return parser
+
+
+def _day(value: str) -> str:
+    from .budgets.export import day
+
+    try:
+        return day(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _database_url(value: str) -> str:
@@ -99,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TapeStoreError as exc:
         print(f"bub-bot: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:  # found at start (a forced BUB_SHELL_SANDBOX that cannot work)
+        print(f"bub-bot: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
@@ -120,6 +142,13 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from .doctor import doctor
 
         return await doctor(settings)
+    if args.command == "usage":
+        from .budgets.export import render, usage_rows
+
+        async with open_store(settings) as store:
+            rows = await usage_rows(store, args.since, args.until, args.by)
+        print(render(rows, args.by, args.format))
+        return 0
     return await _tapes(args, settings)
 
 
@@ -189,6 +218,7 @@ async def _copy(source_url: str, destination_url: str, settings: Settings) -> in
     print(
         f"{report.tapes} tapes, {report.entries:,} entries and {report.dedupe_keys:,} dedupe"
         " keys copied; entry counts verified"
+        + (f"; {report.usage_rows:,} usage counter rows copied" if report.usage_rows else "")
         + (f"; {len(report.failed)} tape(s) NOT copied" if report.failed else "")
     )
     if report.failed:

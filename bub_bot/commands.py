@@ -1,5 +1,5 @@
-"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /stop
-/help.
+"""Chat commands: /handoff /reset /status /anchors /tools /skills /schedules /unschedule /usage
+/stop /help.
 
 Recognised at the start of a message (after a leading bot mention), also as `/cmd@botname`.
 They write anchors and events; the model never sees them as messages.
@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .toolgroups import offered as group_offered
 
 if TYPE_CHECKING:
     from .agent.skills import Catalog
@@ -25,6 +27,7 @@ USAGE = {
     "skills": "/skills — the skills the model can load here, and SKILL.md files skipped",
     "schedules": "/schedules — this conversation's scheduled jobs and their next runs",
     "unschedule": "/unschedule <id> — remove a scheduled job (the ids are in /schedules)",
+    "usage": "/usage [all] — your use today and this month and what is left (all: everyone's, admins only)",
     "stop": "/stop [id] — stop background work (one subagent by its id from /status, or all)",
     "help": "/help — this list",
 }
@@ -96,6 +99,10 @@ def _check(name: str, args: str) -> Command:
         if args.isdigit() and 1 <= int(args) <= 100:
             return Command(name, args, count=int(args))
         return Command(name, args, f"count must be a number from 1 to 100. Usage: {USAGE[name]}")
+    if name == "usage":
+        if args.lower() not in ("", "all"):
+            return Command(name, args, f"usage takes nothing or all. Usage: {USAGE[name]}")
+        return Command(name, args.lower())
     if name == "stop":
         if args and not _JOB_ID_RE.fullmatch(args):
             return Command(name, args, f"give one id, or none for all. Usage: {USAGE[name]}")
@@ -130,15 +137,21 @@ def _tool_line(name: str, description: str) -> str:
     return f"- {name} — {first}" if first else f"- {name}"
 
 
-def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
+def tools_text(
+    registry: ToolRegistry,
+    workspace: Path | None = None,
+    groups: frozenset[str] | None = None,
+    why_off: dict[str, str] | None = None,
+) -> str:
     """The /tools reply: the built-in tools, then each MCP server with its state and tools
-    (what the model is offered in `workspace` right now)."""
-    own = registry.own()
+    (what the model is offered in `workspace` right now, in `groups`), then the tools not
+    offered and why (`why_off`: a reason per group turned off)."""
+    own = registry.own(groups)
     lines = [f"Built-in tools ({len(own)}):"]
     lines += [_tool_line(t.exposed_name, t.description) for t in own]
     offered = len(own)
-    reserved = {t.exposed_name for t in own}
-    for source in registry.sources:
+    reserved = {t.exposed_name for t in registry.own()}
+    for source in registry.sources if groups is None or "mcp" in groups else ():
         overview = getattr(source, "overview", None)
         if overview is None:
             continue
@@ -152,6 +165,18 @@ def tools_text(registry: ToolRegistry, workspace: Path | None = None) -> str:
             lines.append("")
             lines.append(head)
             lines += [_tool_line(t.exposed_name, t.description) for t in server.tools]
+    off = [
+        (t.exposed_name, (why_off or {}).get(t.group, "turned off"))
+        for t in registry.own()
+        if not group_offered(t.group, groups)
+    ]
+    off += [(name.replace(".", "_"), why) for name, why in registry.missing.items()]
+    if groups is not None and "mcp" not in groups and registry.sources:
+        off.append(("MCP servers' tools", (why_off or {}).get("mcp", "turned off")))
+    if off:
+        lines.append("")
+        lines.append(f"Not offered here ({len(off)}):")
+        lines += [f"- {name} — {why}" for name, why in off]
     lines.insert(0, f"The model has {offered} tools in this conversation.\n")
     return "\n".join(lines)
 

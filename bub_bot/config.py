@@ -19,11 +19,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
+from .limits import check_priced, limits_from
 from .mcp_config import load_mcp_config
 from .netguard import Allowance
 from .schedules.times import zone_named
 from .tape.context import load_selector
 from .tape.urls import parse_database_url
+from .toolgroups import TOOL_GROUPS, check_groups
 from .workspaces import load_workspace_map
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -139,6 +141,25 @@ class Settings(BaseSettings):
     """Hosts, IP addresses and CIDRs (with :port or :*) web.fetch may reach although they
     are not public (bub_bot/netguard.py)."""
 
+    # tools and the bash sandbox (issue 19 §2, §5; bub_bot/agent/bash.py, agent/sandbox/)
+    tools: CsvList = Field(default_factory=lambda: list(TOOL_GROUPS))
+    """Tool groups the model gets (a workspace rule's `tools` narrows them)."""
+    shell_sandbox: Literal["auto", "bwrap", "landlock", "none"] = "auto"
+    shell_bwrap: str = "bwrap"
+    """The bubblewrap binary (a name on PATH or a path)."""
+    shell_max_output: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    shell_timeout_max: float = Field(default=1800.0, gt=0, le=86400)
+    shell_cpu_seconds: int = Field(default=300, ge=1)
+    shell_memory_mb: int = Field(default=4096, ge=64)
+    shell_file_mb: int = Field(default=1024, ge=1)
+    shell_nofile: int = Field(default=1024, ge=16)
+    shell_nproc: int = Field(default=256, ge=8)
+    shell_tmp_mb: int = Field(default=256, ge=1)
+    shell_uid: int = Field(default=65534, ge=1, le=2**31 - 1)
+    """The uid commands run as when the bot runs as root."""
+    shell_max_jobs: int = Field(default=4, ge=0, le=100)
+    """Background jobs running at once per conversation."""
+
     # runtime
     max_concurrent_turns: int = Field(default=32, ge=1)
     resume_window_seconds: float = Field(default=900.0, ge=0)
@@ -157,6 +178,20 @@ class Settings(BaseSettings):
     """A job that fires later than this after its time (the bot was down) says it is late."""
     schedule_drop_seconds: float = Field(default=86400.0, ge=0)
     """A job later than this is not run; the conversation gets a note instead (0: never)."""
+    # limits, budgets and usage (bub_bot/limits.py, bub_bot/budgets)
+    limit_user: str = ""
+    """Messages per person: `20/min,200/day` (minute, hour, day, month; calendar windows)."""
+    limit_conversation: str = ""
+    """Messages per conversation (session), as BUB_LIMIT_USER."""
+    budget_user: str = ""
+    """Tokens (input + output) per person: `200000/day`, `5M/month`, or dollars `$5/day`."""
+    budget_conversation: str = ""
+    budget_total: str = ""
+    """The whole bot's budget (admins too)."""
+    model_prices: str = ""
+    """`model=in/out` dollars per 1 M tokens, comma-separated: `gpt-4o=2.5/10`."""
+    admins: str = ""
+    """`slack:U123,telegram:42`: exempt from the per-person limits (not the total); /usage all."""
     # subagents (bub_bot/agent/subagent.py, bub_bot/runtime/subagents.py)
     subagent_max_depth: int = Field(default=2, ge=0, le=5)
     """How deep subagents may nest (a conversation's turn is depth 0; 0: no subagents)."""
@@ -240,6 +275,15 @@ class Settings(BaseSettings):
         parse_rate(value)
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        if not value:
+            return list(TOOL_GROUPS)  # BUB_TOOLS= (empty): the default
+        if value == ["none"]:
+            return []
+        return check_groups(value, "BUB_TOOLS")
+
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
@@ -265,6 +309,7 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "tools",
         "subagent_models",
         mode="before",
     )
@@ -391,8 +436,18 @@ class Settings(BaseSettings):
                 raise ConfigError(str(exc)) from None
         if self.skills_dir is not None and not self.skills_dir.expanduser().is_dir():
             raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
+        rules = []
         if self.workspace_map is not None:
-            load_workspace_map(self.workspace_map, self.workspace)  # ConfigError: the rule
+            # ConfigError: the rule
+            rules = load_workspace_map(self.workspace_map, self.workspace).rules
+        try:
+            limits = limits_from(self)  # the limits: one line naming one
+            check_priced(limits, self.model)
+            for rule in rules:
+                if rule.limits is not None:
+                    check_priced(limits.with_rule(rule.limits), self.model)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return self
 
 

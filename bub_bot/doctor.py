@@ -199,6 +199,27 @@ async def check_mcp(settings: Settings) -> list[tuple[str, Result]]:
     return checked
 
 
+async def check_bash(settings: Settings) -> Result | None:
+    """Which sandbox bash commands get (None: bash turned off in BUB_TOOLS)."""
+    if "bash" not in settings.tools:
+        return None
+    import tempfile
+    from pathlib import Path
+
+    from .agent.sandbox import probe
+
+    found = await probe(
+        settings.shell_sandbox,
+        settings.shell_bwrap,
+        Path(tempfile.gettempdir()) / "bub-sandbox",
+        settings.shell_uid,
+    )
+    if found.backend is None:
+        off = "" if settings.shell_sandbox != "auto" else " (bash is not offered)"
+        return Result(False, found.why_missing() + off, "see README 'Acting tools and the sandbox'")
+    return Result(True, f"sandbox {found.describe()}", "")
+
+
 async def doctor(settings: Settings, out: TextIO | None = None) -> int:
     """Run the checks in order; exit 0 only when every configured part passes."""
     out = out or sys.stdout
@@ -230,6 +251,13 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         show(name, result)
     for name, result in await check_mcp(settings):
         show(name, result)
+    bash = await check_bash(settings)
+    if bash is None:
+        print("note  bash      turned off (BUB_TOOLS does not list bash)", file=out)
+    elif bash.ok or settings.shell_sandbox != "auto":
+        show("bash", bash)
+    else:  # auto and no sandbox: the bot serves without bash; said, not failed
+        print(scrub(f"note  bash      {bash.detail}"), file=out)
     if not settings.telegram_enabled and not settings.slack_enabled:
         print(
             "note  channels  none configured (set BUB_TELEGRAM_TOKEN or BUB_SLACK_BOT_TOKEN)",

@@ -47,6 +47,25 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter("bub_tokens", "Model tokens by direction", ["direction"], registry=r)
+        # Usage (issue 23): bounded labels only (channels and configured models, no user ids).
+        self.usage_tokens = Counter(
+            "bub_usage_tokens",
+            "Model tokens charged to budgets by channel, model and direction",
+            ["channel", "model", "direction"],
+            registry=r,
+        )
+        self.usage_cost = Counter(
+            "bub_usage_cost_dollars",
+            "Model cost in US dollars (BUB_MODEL_PRICES) by channel and model",
+            ["channel", "model"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "bub_refusals",
+            "Messages and model calls refused by a limit, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.tool_calls = Counter(
             "bub_tool_calls", "Tool calls by tool and outcome", ["tool", "outcome"], registry=r
         )
@@ -118,6 +137,8 @@ class Metrics:
             self.replies.labels(data.get("channel", ""), data.get("outcome", "")).inc()
         elif event == "command":
             self.commands.labels(data.get("name", "")).inc()
+        elif event == "refusal":
+            self.refusals.labels(data.get("reason", "")).inc()
         elif event == "lease":
             self.lease_events.labels(data.get("outcome", "")).inc()
         elif event == "leader":
@@ -139,6 +160,13 @@ class Metrics:
             usage = data.get("usage") or {}
             self.tokens.labels("in").inc(usage.get("prompt_tokens") or 0)
             self.tokens.labels("out").inc(usage.get("completion_tokens") or 0)
+        elif event == "usage":
+            labels = (data.get("channel", ""), data.get("model", ""))
+            self.usage_tokens.labels(*labels, "in").inc(data.get("tokens_in", 0))
+            self.usage_tokens.labels(*labels, "out").inc(data.get("tokens_out", 0))
+            self.usage_cost.labels(*labels).inc(data.get("cost", 0) / 1_000_000)
+        elif event == "refusal":
+            self.refusals.labels(data.get("reason", "")).inc()
         elif event == "tool_call":
             self.tool_calls.labels(data.get("tool", ""), "ok" if data.get("ok") else "error").inc()
         elif event == "spill":

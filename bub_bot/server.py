@@ -15,6 +15,7 @@ from aiohttp import web
 from channels.base import Announces, Channel, SendsFiles
 
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
+from .agent.bash import install_bash
 from .agent.schedule_tools import register_schedule_tools
 from .agent.send_file import register_send_file
 from .agent.subagent import register_subagent_tool
@@ -88,6 +89,11 @@ class Bot:
             log.warning("cannot create the workspace %s: %s", settings.workspace, exc)
         model = ModelClient(settings) if settings.model_configured else UnconfiguredModel(settings)
         agent = Agent(settings, model, default_registry())
+        try:
+            agent.shell = await install_bash(agent.tools, settings)
+        except BaseException:
+            await store.close()
+            raise
         channels = list(channels or [])
         # Several replicas on one PostgreSQL database share leases; SQLite grants them all.
         leases = store.leases(owner_id(), settings.lease_seconds)
@@ -124,6 +130,8 @@ class Bot:
                 log.exception("channel.stop failed channel=%s", channel.name)
             self.started[channel.name] = False
         await self.runtime.shutdown()
+        if self.agent.shell is not None:
+            await self.agent.shell.close()  # background jobs killed, recorded on their tapes
         if self.mcp is not None:
             await self.mcp.close()  # after the turns: stdio servers terminated and reaped
         await self.agent.model.close()
@@ -228,6 +236,12 @@ class BotServer:
         if bot.mcp is not None:
             # Shown, not part of "ok": a bot without one MCP server still serves.
             body["mcp"] = bot.mcp.status()
+        shell = bot.agent.shell
+        # Shown, not part of "ok": a bot without bash still serves.
+        if shell is not None:
+            body["bash"] = {"sandbox": shell.availability.describe()}
+        elif "bash" in bot.agent.tools.missing:
+            body["bash"] = {"sandbox": "unavailable", "why": bot.agent.tools.missing["bash"]}
         body["ok"] = body["ok"] and self.ready
         return web.json_response(body, status=200 if body["ok"] else 503)
 
@@ -261,7 +275,11 @@ async def serve(settings: Settings) -> int:
     if not channels:
         log.error(NO_CHANNEL)
         return 2
-    bot = await Bot.open(settings, channels)
+    try:
+        bot = await Bot.open(settings, channels)
+    except ConfigError as exc:  # BUB_SHELL_SANDBOX forced to a backend that cannot work
+        log.error("start failed: %s", exc)
+        return 2
     server = BotServer(bot)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

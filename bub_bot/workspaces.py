@@ -5,7 +5,8 @@
         {"match": "web:*", "path": "/srv/scratch/{tape}"}
     ]}
 
-`match` is a glob on the session id; `path` a directory. `{session}` and `{tape}` give each
+`match` is a glob on the session id; `path` a directory; optional operator keys: `tools` (tool
+groups, narrowing BUB_TOOLS) and `network` (bash commands get the network). `{session}` and `{tape}` give each
 conversation a directory of its own (a safe name, created on first use). No match: the
 default workspace (`BUB_WORKSPACE`). The runtime decides a session's workspace once, when the
 session starts, and records it on the tape; a changed map applies to new sessions only.
@@ -22,8 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .limits import RuleLimits
+from .toolgroups import check_groups
 
 _PLACEHOLDER = re.compile(r"\{(session|tape)\}")
+RULE_KEYS = {"match", "path", "tools", "network", "limits"}
+"""A rule's keys: where, then the operator's decisions for it (`tools`, `network`: issue 19;
+`limits`: issue 23); `approve` joins with approvals."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -34,6 +40,12 @@ class WorkspaceRule:
     match: str
     path: str
     index: int
+    tools: tuple[str, ...] | None = None
+    """Tool groups this workspace allows (narrows BUB_TOOLS); None: all of BUB_TOOLS."""
+    network: bool = False
+    """Sandboxed commands (bash) may use the network: the operator's choice, per workspace."""
+    limits: RuleLimits | None = None
+    """`"limits": {...}`: the message rates and budgets of sessions here (bub_bot/limits.py)."""
 
     @property
     def per_session(self) -> bool:
@@ -128,8 +140,11 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
     rules = []
     for index, item in enumerate(items):
         name = f"{where}: rule {index + 1}"
-        if not isinstance(item, dict) or set(item) != {"match", "path"}:
-            raise ConfigError(f'{name}: expected {{"match": "<glob>", "path": "<directory>"}}')
+        if not isinstance(item, dict) or not {"match", "path"} <= set(item) <= RULE_KEYS:
+            raise ConfigError(
+                f'{name}: expected {{"match": "<glob>", "path": "<directory>"}} (optional keys:'
+                f" {', '.join(sorted(RULE_KEYS - {'match', 'path'}))})"
+            )
         match, path = item["match"], item["path"]
         if not isinstance(match, str) or not match:
             raise ConfigError(f"{name}: match must be a non-empty glob on the session id")
@@ -142,5 +157,31 @@ def _rules(raw: Any, where: str) -> list[WorkspaceRule]:
             )
         if ".." in Path(path).parts:
             raise ConfigError(f"{name}: path must not contain '..'")
-        rules.append(WorkspaceRule(match, path, index))
+        tools = item.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+                raise ConfigError(f"{name}: tools must be a list of tool groups")
+            try:
+                check_groups(tools, name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        network = item.get("network", False)
+        if not isinstance(network, bool):
+            raise ConfigError(f"{name}: network must be true or false")
+        limits = None
+        if "limits" in item:
+            try:
+                limits = RuleLimits.parse(item["limits"], name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        rules.append(
+            WorkspaceRule(
+                match,
+                path,
+                index,
+                tools=None if tools is None else tuple(tools),
+                network=network,
+                limits=limits,
+            )
+        )
     return rules

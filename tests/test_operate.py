@@ -160,8 +160,10 @@ async def test_doctor_all_green_then_each_failure(settings, fakes, tmp_path: Pat
         "model",
         "telegram",
         "slack",
+        "bash",
     ]
     assert all(line.startswith("ok") for line in lines)
+    assert lines[-1].startswith("ok    bash      sandbox bwrap")
     assert "Socket Mode connection opens" in text
 
     code, text = await run_doctor(doctor_settings(settings, fakes, model="no-such-model"))

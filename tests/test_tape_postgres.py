@@ -177,6 +177,7 @@ async def test_schema_created_at_first_start_and_versioned(pg_url) -> None:
         "bub_dedupe",
         "bub_leases",
         "bub_jobs",
+        "bub_usage",
     }
     conn = await asyncpg.connect(pg_url)
     try:

@@ -101,7 +101,7 @@ async def test_private_round_trip(start, tg: FakeTelegram, fake_openai: FakeOpen
     h = await start()
     assert [c["command"] for c in next(iter(tg.commands.values()))] == [
         "handoff", "reset", "status", "anchors", "tools", "skills", "schedules", "unschedule",
-        "stop", "help"
+        "usage", "stop", "help"
     ]  # fmt: skip
     assert tg.calls_of("deleteWebhook")[-1].get("drop_pending_updates") in (None, False)
     fake_openai.script(slow(text("Hello **Ann**, see `x < y`"), 0.5))

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
 from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector, load_selector
-from . import spill
+from . import metering, spill
 from .model import ContextOverflow, ModelClient, ModelError, ModelReply
+from .policy import Policies
 from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
 from .tools import Origin, ToolContext, ToolRegistry, payer_of
@@ -56,6 +58,13 @@ class Agent:
         self.tools = tools
         self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
         """Observers of loop events (metrics): called with (event name, data)."""
+        self.policies = Policies(settings)
+        """Which tool groups and network each session gets (BUB_TOOLS, BUB_WORKSPACE_MAP)."""
+        self.shell: Any = None
+        """The bash tools' job table (`bub_bot.agent.bash.Shell`) when bash is offered."""
+        self.budgets: Budgets | None = None
+        """Checked before each model call; each call's usage is written with its `run` event
+        (the runtime sets it; None: nothing counted)."""
         self.selector: Selector = (
             load_selector(settings.context_selector)
             if settings.context_selector
@@ -127,11 +136,14 @@ class Agent:
             turn_start = written[0].id - 1
 
         origin = origin or Origin(session_id=tape.session_id or "")
+        policy = self.policies.for_session(origin.session_id or tape.session_id or "")
         ctx = ToolContext(
             tape=tape,
             workspace=workspace,
             settings=self.settings,
             origin=origin,
+            groups=policy.groups,
+            network=policy.network,
             depth=depth,
             allowed_tools=allowed_tools,
             model=model,
@@ -140,6 +152,7 @@ class Agent:
         max_steps = max_steps or self.settings.max_steps
         await self.tools.prepare(workspace)  # MCP servers still starting: bounded wait
         usage_total: dict[str, int] = {}
+        charge_to = metering.charge_of(origin, tape.session_id or "", payer)
         seen_through = 0
         auto_handed_off = False
         step = 0
@@ -154,7 +167,7 @@ class Agent:
             entries = visible(raw)
             if entry_filter is not None:
                 entries = entry_filter(entries)
-            tools = self.tools.visible(workspace)
+            tools = self.tools.visible(workspace, policy.groups)
             if allowed_tools is not None:
                 tools = [t for t in tools if t.name in allowed_tools]
             messages = [
@@ -168,6 +181,27 @@ class Agent:
                 },
                 *selector(entries),
             ]
+            if self.budgets is not None:
+                # Before every call: a call in flight when the budget ran out finishes its step.
+                spent = await self.budgets.check(charge_to)
+                if spent is not None:
+                    self._notify("refusal", {"reason": spent.reason})
+                    log.info(
+                        "budget.spent session=%s turn=%s scope=%s step=%d",
+                        tape.session_id,
+                        turn_id,
+                        spent.scope,
+                        step,
+                    )
+                    return await self._end(
+                        tape,
+                        "budget",
+                        spent.text(),
+                        step - 1,
+                        seen_through,
+                        usage_total,
+                        auto_handoff=auto_handed_off,
+                    )
             try:
                 schemas = [t.schema() for t in tools]
                 if model is None:
@@ -244,6 +278,11 @@ class Agent:
             for key, value in reply.usage.items():
                 if isinstance(value, int):
                     usage_total[key] = usage_total.get(key, 0) + value
+            counting = None
+            if self.budgets is not None:
+                counting = metering.step_counting(
+                    self.budgets, charge_to, reply, messages, origin.channel, self._notify
+                )
             self._notify(
                 "model_call",
                 {
@@ -279,7 +318,8 @@ class Agent:
                             {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
                             context=False,
                         ),
-                    ]
+                    ],
+                    usage=counting,
                 )
                 self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
                 return TurnResult(
@@ -315,7 +355,7 @@ class Agent:
                 step_entries.extend(await _turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await tape.append_many(step_entries)
+            await tape.append_many(step_entries, usage=counting)
 
         note = (
             f"I stopped after {max_steps} steps without a final answer."

@@ -19,7 +19,8 @@ class FileSender(Protocol):
 def register_send_file(registry: ToolRegistry, sender: FileSender) -> None:
     """Add `send_file` to `registry`, posting through `sender`."""
 
-    @registry.tool("send_file")
+    # A file tool of the workspace: BUB_TOOLS / a workspace rule's `tools` without fs drop it.
+    @registry.tool("send_file", group="fs")
     async def send_file(
         ctx: ToolContext,
         path: Annotated[str, Field(description="The file, relative to the workspace")],

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 import pydantic
 
 from ..secrets import Scrubber
+from ..toolgroups import group_of, offered
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -30,6 +31,9 @@ class Origin:
     reply_target: dict[str, Any] = field(default_factory=dict)
     sender: dict[str, Any] = field(default_factory=dict)
     via: str = ""
+    payer: dict[str, Any] = field(default_factory=dict)
+    """The message's `meta.payer` when work runs for someone other than its sender (a
+    subagent, an approval's continuation): budgets charge them (bub_bot/budgets/payer.py)."""
 
 
 def payer_of(origin: Origin) -> dict[str, Any]:
@@ -50,6 +54,10 @@ class ToolContext:
     handed_off: bool = False
     origin: Origin = field(default_factory=Origin)
     """The conversation and person the turn is for (tools that post later: schedules)."""
+    groups: frozenset[str] | None = None
+    """The tool groups offered here (BUB_TOOLS narrowed by the workspace rule); None: all."""
+    network: bool = False
+    """The workspace rule lets sandboxed commands use the network (an operator's choice)."""
     # subagents (bub_bot/agent/subagent.py)
     depth: int = 0
     """0 for a conversation's own turn; a subagent's is its parent's + 1."""
@@ -86,9 +94,15 @@ class Tool:
     handler: Callable[..., Awaitable[Any]]
     model_visible: bool = True
     spillable: bool = True
+    group: str = ""
+    """tape, fs, spill, bash, web, skills, mcp or schedule (default: from the name)."""
     _schema: tuple[tuple[Any, ...], dict[str, Any]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            self.group = group_of(self.name)
 
     @property
     def exposed_name(self) -> str:
@@ -161,19 +175,23 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self.sources: list[ToolSource] = []
+        self.missing: dict[str, str] = {}
+        """Tools not offered on this server at all, and why (bash without a sandbox)."""
 
     def add(self, tool: Tool) -> Tool:
         self._tools[tool.name] = tool
         return tool
 
     def tool(
-        self, name: str, *, model_visible: bool = True, spillable: bool = True
+        self, name: str, *, model_visible: bool = True, spillable: bool = True, group: str = ""
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-        """Register `async def fn(ctx, **typed_params)`; its docstring is the description."""
+        """Register `async def fn(ctx, **typed_params)`; its docstring is the description.
+        `group`: its tool group when the name does not say it (default: from the name)."""
 
         def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             description = inspect.cleandoc(fn.__doc__ or name)
-            self.add(Tool(name, description, _params_model(fn, name), fn, model_visible, spillable))
+            params = _params_model(fn, name)
+            self.add(Tool(name, description, params, fn, model_visible, spillable, group))
             return fn
 
         return register
@@ -191,22 +209,27 @@ class ToolRegistry:
                 return found
         return None
 
-    def own(self) -> list[Tool]:
-        """The registry's own (built-in) tools the model sees."""
-        return [t for t in self._tools.values() if t.model_visible]
+    def own(self, groups: frozenset[str] | None = None) -> list[Tool]:
+        """The registry's own (built-in) tools the model sees (in `groups`; None: all)."""
+        return [t for t in self._tools.values() if t.model_visible and offered(t.group, groups)]
 
-    def visible(self, workspace: Path | None = None) -> list[Tool]:
+    def visible(
+        self, workspace: Path | None = None, groups: frozenset[str] | None = None
+    ) -> list[Tool]:
         """The tools offered to the model: the registry's own, then the sources' current
-        ones (for `workspace`; None: the default one)."""
-        tools = self.own()
+        ones (for `workspace`; None: the default one), only those of `groups`."""
+        tools = self.own(groups)
         if self.sources:
-            reserved = {t.exposed_name for t in tools}
+            reserved = {t.exposed_name for t in self.own()}
             for source in self.sources:
-                tools.extend(source.tools(workspace, reserved))
+                found = source.tools(workspace, reserved)
+                tools.extend(t for t in found if offered(t.group, groups))
         return tools
 
-    def schemas(self, workspace: Path | None = None) -> list[dict[str, Any]]:
-        return [t.schema() for t in self.visible(workspace)]
+    def schemas(
+        self, workspace: Path | None = None, groups: frozenset[str] | None = None
+    ) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.visible(workspace, groups)]
 
     async def prepare(self, workspace: Path | None = None) -> None:
         """Before a turn: let the sources finish discovering their tools (bounded)."""
@@ -218,11 +241,11 @@ class ToolRegistry:
         tool = self.get(name, ctx.workspace)
         if tool is not None and ctx.allowed_tools is not None:
             tool = tool if tool.name in ctx.allowed_tools else None
-        if tool is None or not tool.model_visible:
-            offered = self.visible(ctx.workspace)
+        if tool is None or not tool.model_visible or not offered(tool.group, ctx.groups):
+            shown = self.visible(ctx.workspace, ctx.groups)
             if ctx.allowed_tools is not None:
-                offered = [t for t in offered if t.name in ctx.allowed_tools]
-            known = ", ".join(t.exposed_name for t in offered)
+                shown = [t for t in shown if t.name in ctx.allowed_tools]
+            known = ", ".join(t.exposed_name for t in shown)
             return False, f"error: unknown tool {name!r}. Available tools: {known}"
         try:
             raw = json.loads(arguments or "{}")

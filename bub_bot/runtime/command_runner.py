@@ -15,9 +15,12 @@ from typing import Any
 from .. import commands
 from ..agent import Agent, skills, summary_note
 from ..agent.model import ModelError
+from ..budgets import Payer, step_usage
+from ..budgets.report import usage_all_text, usage_text
 from ..config import Settings
 from ..schedules.book import ScheduleBook, jobs_text
 from ..tape import Tape, TapeEntry
+from ..toolgroups import TOOL_GROUPS
 from .delivery import Delivery
 from .session import Session
 from .subagents import BackgroundSubagents, status_lines
@@ -66,7 +69,7 @@ class CommandRunner:
             if parsed.name == "reset":
                 await self._reset(session, command)
                 return
-            text = await self._text(session, parsed)
+            text = await self._text(session, parsed, command)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -118,10 +121,20 @@ class CommandRunner:
         session.cursor = 0
         self._emit("command", name="reset")
 
-    async def _text(self, session: Session, command: commands.Command) -> str:
+    async def _text(self, session: Session, command: commands.Command, entry: TapeEntry) -> str:
         tape = session.tape
+        payer = Payer.of(session.id, entry.meta)
         if command.name == "handoff":
-            return await self._handoff(session, command)
+            return await self._handoff(session, command, payer)
+        if command.name == "usage":
+            budgets = self.agent.budgets
+            if budgets is None:
+                return "Usage is not counted here."
+            if command.args == "all":
+                if not budgets.is_admin(payer.user):
+                    return "Only admins (BUB_ADMINS) can see /usage all. /usage shows your own."
+                return await usage_all_text(budgets)
+            return await usage_text(budgets, payer)
         if command.name == "status":
             info = await tape.info()
             usage = info.last_usage or {}
@@ -130,7 +143,7 @@ class CommandRunner:
                 f"Last anchor: {info.last_anchor or '-'}\n"
                 f"Entries since it: {info.entries_since_anchor}\n"
                 f"Last token usage: {_usage_text(usage)}\n"
-                f"Workspace: {session.workspace}"
+                f"Workspace: {session.workspace}" + self._jobs_text(session)
             )
             if self.background is not None:
                 running = status_lines(await self.background.listed(session.id))
@@ -154,15 +167,43 @@ class CommandRunner:
             return "Anchors (oldest first):\n" + "\n".join(lines) if lines else "No anchors yet."
         if command.name == "tools":
             await self.agent.tools.prepare(session.workspace)  # as a turn would
-            return commands.tools_text(self.agent.tools, session.workspace)
+            policy = self.agent.policies.for_session(session.id)
+            why_off = {
+                group: (
+                    f"turned off by {policy.narrowed_by} of BUB_WORKSPACE_MAP"
+                    if group in self.settings.tools
+                    else "turned off (BUB_TOOLS does not list it)"
+                )
+                for group in TOOL_GROUPS
+                if group not in policy.groups
+            }
+            return commands.tools_text(self.agent.tools, session.workspace, policy.groups, why_off)
         if command.name == "skills":
             found = skills.catalog(session.workspace, self.settings.skills_dir)
-            offered = any(t.name == "skill" for t in self.agent.tools.visible(session.workspace))
+            groups = self.agent.policies.for_session(session.id).groups
+            offered = any(
+                t.name == "skill" for t in self.agent.tools.visible(session.workspace, groups)
+            )
             # Skill files are the workspace's text: scrubbed like everything shown from it.
             return self.agent.scrub.text(commands.skills_text(found, offered))
         if command.name in ("schedules", "unschedule"):
             return await self._schedules(session, command)
         return commands.help_text()
+
+    def _jobs_text(self, session: Session) -> str:
+        """The session's background jobs (bash), for /status."""
+        shell = self.agent.shell
+        if shell is None:
+            return ""
+        jobs = shell.jobs.of(session.tape.name)
+        if not jobs:
+            return "\nBackground jobs: none"
+        lines = [f"\nBackground jobs ({len(jobs)}):"]
+        for job in jobs:
+            info = job.summary()
+            code = f", exit {info['exit_code']}" if "exit_code" in info else ""
+            lines.append(f"- {job.id} {job.state}{code} ({info['seconds']} s): {info['cmd']}")
+        return self.agent.scrub.text("\n".join(lines))
 
     async def _schedules(self, session: Session, command: commands.Command) -> str:
         if self.schedules is None:
@@ -174,11 +215,16 @@ class CommandRunner:
             return f"This conversation has no scheduled job {command.args}. See /schedules."
         return f"Removed scheduled job {removed.id}: {removed.data.get('prompt', '')}"
 
-    async def _handoff(self, session: Session, command: commands.Command) -> str:
+    async def _handoff(self, session: Session, command: commands.Command, payer: Payer) -> str:
         tape: Tape = session.tape
         summary = command.args
         note = ""
-        if not summary:
+        budgets = self.agent.budgets
+        spent = await budgets.check(payer) if budgets is not None and not summary else None
+        if spent is not None:
+            self._emit("refusal", reason=spent.reason)
+            note = f" No summary was written: {spent.what()[0].lower()}{spent.what()[1:]}."
+        elif not summary:
             try:
                 context = await tape.read_messages()
                 # `timeout` bounds the whole call (the model client's own deadline).
@@ -187,6 +233,10 @@ class CommandRunner:
                     timeout=self.settings.handoff_summary_timeout_seconds,
                 )
                 summary = (reply.content or "").strip()
+                if budgets is not None:
+                    # A summary counts for whoever asked for the handoff.
+                    used = step_usage(reply.usage, context, reply.content or "")
+                    await budgets.charge(payer, reply.model, used)
             except (TimeoutError, ModelError) as exc:
                 log.warning("handoff.summary_failed session=%s: %s", session.id, exc)
                 note = " The model could not write a summary, so this phase starts without one."

@@ -14,6 +14,7 @@ from channels.base import Channel, Inbound, Received
 
 from ..agent import Agent
 from ..agent.subagent import Subagents
+from ..budgets import Budgets
 from ..config import Settings
 from ..schedules.book import ScheduleBook
 from ..schedules.prompts import PromptKind
@@ -56,6 +57,9 @@ class Runtime:
         self.channels: dict[str, Channel] = dict(channels or {})
         self.observers: list[Callable[[str, dict[str, Any]], None]] = []
         """Called with (event, data) for metrics: inbound, turn, reply."""
+        self.budgets = Budgets.for_settings(store, settings, clock)
+        """Rate limits and budgets (bub_bot/budgets): counters in the store."""
+        agent.budgets = self.budgets
         self.sessions = Sessions(store, settings.workspace)
         self.placement = Placement(settings, store)
         self.delivery = Delivery(self.channels, self._emit, settings)
@@ -80,7 +84,9 @@ class Runtime:
             self._emit,
         )
         self.replicas = self.worker.replicas
-        self.ingress = Ingress(store, self.placement, self.sessions, self.replicas, self._emit)
+        self.ingress = Ingress(
+            store, self.placement, self.sessions, self.replicas, self._emit, self.budgets
+        )
         self.timer = Timer(
             store, self.ingress, self.replicas, lambda: list(self.channels), clock, self._emit
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ..budgets import LIMIT_NOTICE
 from ..schedules.prompts import NOTICE
 from ..tape import Tape, TapeEntry
 
@@ -20,8 +21,9 @@ REPLY_UNKNOWN = "reply.unknown"
 
 
 def is_pending(entry: TapeEntry) -> bool:
-    """An inbound user message or command not yet handled (copies do not count)."""
-    if not entry.meta.get("inbound") or entry.meta.get("copy_of"):
+    """An inbound user message or command not yet handled (copies, and messages refused
+    over a rate limit, do not count)."""
+    if not entry.meta.get("inbound") or entry.meta.get("copy_of") or "refused" in entry.meta:
         return False
     if entry.kind == "message":
         return entry.payload.get("role") == "user"
@@ -44,6 +46,7 @@ def is_reply(entry: TapeEntry) -> bool:
         "turn.notice",
         "command.done",
         NOTICE,
+        LIMIT_NOTICE,
     )
 
 

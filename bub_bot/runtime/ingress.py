@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from channels.base import Attachment, Inbound, Received
 
 from .. import commands
-from ..tape import Tape, TapeEntry, TapeStore
+from ..budgets import Budgets
+from ..tape import Counting, Tape, TapeEntry, TapeStore
 from .facts import command_name
 from .placement import Placement
 from .replicas import Replicas
@@ -106,6 +107,20 @@ def _attachment_note(attachment: Attachment) -> str:
     return f"[{kind}: {attachment.name}]" if attachment.name else f"[{kind}]"
 
 
+def _keep_history(counting: Counting | None, before: list[TapeEntry]) -> Counting | None:
+    """`counting` whose `decide` (a refused message and its notice) keeps the thread's
+    history in front: a refused mention still gives the new tape its thread."""
+    if counting is None or counting.decide is None or not before:
+        return counting
+    decide = counting.decide
+
+    def with_history(counts: list[int]) -> list[TapeEntry] | None:
+        replaced = decide(counts)
+        return None if replaced is None else [*before, *replaced]
+
+    return replace(counting, decide=with_history)
+
+
 class Ingress:
     """Stores arrivals durably and wakes their sessions."""
 
@@ -116,7 +131,10 @@ class Ingress:
         sessions: Sessions,
         replicas: Replicas,
         emit: Callable[..., None],
+        budgets: Budgets | None = None,
     ) -> None:
+        self.budgets = budgets
+        """Counts each user message (with it, one transaction) and refuses one over a rate."""
         self.store = store
         self.placement = placement
         self.sessions = sessions
@@ -140,12 +158,17 @@ class Ingress:
         before = list(arrival.before)
         if before and await self.store.query(tape.name, limit=1):
             before = []  # the tape is the history from its first entry on
+        counting = None
+        if self.budgets is not None and arrival.entry.meta.get("origin") != "schedule":
+            # A scheduled message is the operator's schedule, not a person writing: not rated.
+            counting = _keep_history(self.budgets.inbound(session_id, arrival.entry), before)
         written = await self.store.append_many(
             tape.name,
             [*before, arrival.entry],
             dedupe_keys=arrival.keys,
             bootstrap=Tape.bootstrap_anchor(workspace),
             session_id=session_id,
+            usage=counting,
         )
         self.last_inbound[arrival.channel] = time.monotonic()
         if written is None:
@@ -156,9 +179,19 @@ class Ingress:
                 # acknowledged, so this is the platform's re-delivery): look at the session.
                 await self.replicas.claim(self.sessions.open(session_id, workspace))
             return Received(new=False)
-        entry = written[-1]
+        entry = written[len(before)]  # the history first, a refusal's notice after it
         if before:
             log.info("inbound.history session=%s messages=%d", session_id, len(before))
+        refused = entry.meta.get("refused")
+        if refused:
+            log.info(
+                "inbound.refused session=%s entry=%d reason=%s note=%s",
+                session_id,
+                entry.id,
+                refused["reason"],
+                refused["note"],
+            )
+            self._emit("refusal", reason=refused["reason"])
         command = command_name(entry)
         log.info(
             "inbound.new session=%s channel=%s entry=%d%s",
@@ -168,6 +201,8 @@ class Ingress:
             f" command=/{command}" if command is not None else "",
         )
         self._emit("inbound", channel=arrival.channel, outcome="new")
+        if self.budgets is not None and self.budgets.limits.any_rate:
+            await self.budgets.prune()  # housekeeping of short windows, hourly
         await self.wake(session_id, workspace, entry)
         return Received(new=True, entry_id=entry.id)
 

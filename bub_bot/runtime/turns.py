@@ -165,6 +165,7 @@ class TurnRunner:
             reply_target=dict(meta.get("reply_target") or {}),
             sender=dict(meta.get("sender") or {}),
             via=str(meta.get("origin") or ""),
+            payer=dict(meta.get("payer") or {}),
         )
 
         async def before_step(step: int) -> None:

@@ -22,6 +22,7 @@ from .store import (
 )
 from .tape import BOOTSTRAP_ANCHOR, Tape, TapeInfo
 from .urls import DatabaseURL, parse_database_url
+from .usage import Counting, UsageAdd, UsageRow
 
 if TYPE_CHECKING:
     from .postgres import PostgresTapeStore
@@ -40,6 +41,7 @@ __all__ = [
     "BOOTSTRAP_ANCHOR",
     "KINDS",
     "AnchorNotFound",
+    "Counting",
     "DatabaseURL",
     "DedupeRecord",
     "ForkError",
@@ -57,6 +59,8 @@ __all__ = [
     "TapeStore",
     "TapeStoreError",
     "TapeSummary",
+    "UsageAdd",
+    "UsageRow",
     "archive_name",
     "default_selector",
     "fork",

@@ -12,8 +12,11 @@ Selector = Callable[[Sequence[TapeEntry]], list[dict[str, Any]]]
 
 
 def visible(entries: Sequence[TapeEntry]) -> list[TapeEntry]:
-    """Drop entries marked `context=False` (operational records); runs before any selector."""
-    return [e for e in entries if e.meta.get("context", True) is not False]
+    """Drop entries marked `context=False` (operational records) and messages refused over a
+    rate limit (stored, never sent to the model); runs before any selector."""
+    return [
+        e for e in entries if e.meta.get("context", True) is not False and "refused" not in e.meta
+    ]
 
 
 def _as_text(value: Any) -> str:

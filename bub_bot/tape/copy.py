@@ -4,7 +4,8 @@ Per tape, in name order: what the destination already holds must be the start of
 tape (same last entry); the rest is appended in batches with ids, dates and meta as they are;
 then the counters (entries, anchors, last anchor) are compared. A second run finds every tape
 complete and copies nothing; an interrupted run continues where it stopped. Dedupe keys are
-copied too, so platform re-deliveries after the move are still recognised.
+copied too, so platform re-deliveries after the move are still recognised, and the usage
+counters, so budgets go on counting where they were.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class CopyReport:
     tapes: int = 0
     entries: int = 0
     dedupe_keys: int = 0
+    usage_rows: int = 0
     failed: list[str] = field(default_factory=list)
 
 
@@ -57,6 +59,15 @@ async def copy_tapes(
             break
         report.dedupe_keys += await destination.add_dedupe_records(records)
         after = records[-1].key
+    # The usage counters (budgets keep counting where they were); rows the destination has
+    # already stay as they are.
+    position = ("", "")
+    while True:
+        rows = await source.usage_records(after=position, limit=batch)
+        if not rows:
+            break
+        report.usage_rows += await destination.add_usage_records(rows)
+        position = (rows[-1].key, rows[-1].window)
     return report
 
 

@@ -33,6 +33,7 @@ from .forks import ForkPoint, Merged, lifecycle_events
 from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .postgres_leases import WAITING, PostgresLeases
+from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
 from .store import (
@@ -64,7 +65,7 @@ class _Refused(Exception):
     """Raised inside a write transaction to roll it back and return None."""
 
 
-class PostgresTapeStore(StoreBase):
+class PostgresTapeStore(PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -215,10 +216,21 @@ class PostgresTapeStore(StoreBase):
     # -- writes -------------------------------------------------------------------------------
     async def _append(self, append: Append) -> list[int] | None:
         w = append
-        if w.rows and not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None:
-            # The common append: one statement, one round trip (its own transaction).
-            async with self.pool.acquire() as conn:
-                ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+        simple = not w.dedupe_keys and not w.if_no_anchor and w.bootstrap is None
+        if w.rows and simple and w.decide is None:
+            # The common append: one statement, one round trip (its own transaction); with
+            # counters too (a step's usage with its `run` event).
+            for attempt in range(3):
+                try:
+                    async with self.pool.acquire() as conn:
+                        if w.adds:
+                            ids = await _allocate_count_and_insert(conn, w, utc_now())
+                        else:
+                            ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+                    break
+                except asyncpg.exceptions.DeadlockDetectedError:
+                    if attempt == 2:
+                        raise
             if ids is not None:
                 return ids
             # A new tape: created in the transaction below.
@@ -489,6 +501,23 @@ _ALLOCATE_AND_INSERT = (
 )
 
 
+# The common append with counters, in one statement (one round trip, atomic): the counters
+# are added only when the tape row exists (`t` returned it), so the fallback for a new tape
+# cannot count twice.
+_ALLOCATE_COUNT_AND_INSERT = _ALLOCATE_AND_INSERT.replace(
+    " INSERT INTO bub_entries",
+    ", u AS ("
+    + USAGE_UPSERT.format(
+        now="$16",
+        arrays="$9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],"
+        " $14::bigint[], $15::bigint[]",
+        where=" WHERE EXISTS (SELECT 1 FROM t)",
+    )
+    + ") INSERT INTO bub_entries",
+    1,
+)
+
+
 async def _allocate_and_insert(
     conn: asyncpg.Connection, tape: str, rows: Sequence[Row], session_id: str | None
 ) -> list[int] | None:
@@ -497,9 +526,30 @@ async def _allocate_and_insert(
     return sorted(r[0] for r in found) if found else None
 
 
+async def _allocate_count_and_insert(
+    conn: asyncpg.Connection, w: Append, now: str
+) -> list[int] | None:
+    """`_allocate_and_insert` adding `w.adds` in the same statement."""
+    found = await conn.fetch(
+        _ALLOCATE_COUNT_AND_INSERT,
+        w.tape,
+        len(w.rows),
+        w.session_id,
+        *_columns(w.rows),
+        *usage_columns(w.adds),
+        now,
+    )
+    return sorted(r[0] for r in found) if found else None
+
+
 async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
     tape_id, _ = await _lock_tape(conn, w.tape, w.session_id, now)
     rows, skip = w.rows, 0
+    if w.adds:
+        # In the append's transaction (rolled back with it when a dedupe key refuses it).
+        found = await add_usage(conn, w.adds, now)
+        if w.decide is not None:
+            rows = w.decide(found) or rows
     if w.if_no_anchor or w.bootstrap is not None:
         # A statement after the lock: it sees every entry committed before we got it.
         has_anchor = await conn.fetchval(

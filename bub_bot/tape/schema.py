@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 # -- SQLite -------------------------------------------------------------------------------
-SQLITE_VERSION = 4
+SQLITE_VERSION = 5
 """The schema this code writes; kept in `PRAGMA user_version`."""
 
 SQLITE_MIGRATIONS: dict[int, str] = {
@@ -87,6 +87,21 @@ ALTER TABLE tapes ADD COLUMN parent TEXT;
 ALTER TABLE tapes ADD COLUMN base INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS tapes_by_parent ON tapes (parent) WHERE parent IS NOT NULL;
 """,
+    # Usage counters (tape/usage.py): one row per key and window, incremented in place.
+    5: """
+CREATE TABLE IF NOT EXISTS usage (
+    key         TEXT NOT NULL,
+    win         TEXT NOT NULL,
+    messages    INTEGER NOT NULL DEFAULT 0,
+    tokens_in   INTEGER NOT NULL DEFAULT 0,
+    tokens_out  INTEGER NOT NULL DEFAULT 0,
+    cost        INTEGER NOT NULL DEFAULT 0,
+    estimated   INTEGER NOT NULL DEFAULT 0,
+    updated     TEXT NOT NULL,
+    PRIMARY KEY (key, win)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS usage_by_window ON usage (win);
+""",
 }
 
 
@@ -127,7 +142,7 @@ def migrate_sqlite(
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-POSTGRES_VERSION = 5
+POSTGRES_VERSION = 6
 """The schema this code writes; recorded in `bub_schema_version` (one row per upgrade)."""
 
 # Schema setup and upgrades hold this transaction-scoped advisory lock, so replicas starting
@@ -206,6 +221,22 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         'ALTER TABLE bub_tapes ADD COLUMN parent text COLLATE "C"',
         "ALTER TABLE bub_tapes ADD COLUMN base bigint NOT NULL DEFAULT 0",
         "CREATE INDEX bub_tapes_by_parent ON bub_tapes (parent) WHERE parent IS NOT NULL",
+    ),
+    # Usage counters (tape/usage.py): one row per key and window, incremented in place by an
+    # upsert, so every replica adds to the same row.
+    6: (
+        """CREATE TABLE bub_usage (
+            key         text COLLATE "C" NOT NULL,
+            win         text COLLATE "C" NOT NULL,
+            messages    bigint NOT NULL DEFAULT 0,
+            tokens_in   bigint NOT NULL DEFAULT 0,
+            tokens_out  bigint NOT NULL DEFAULT 0,
+            cost        bigint NOT NULL DEFAULT 0,
+            estimated   bigint NOT NULL DEFAULT 0,
+            updated     text NOT NULL,
+            PRIMARY KEY (key, win)
+        )""",
+        "CREATE INDEX bub_usage_by_window ON bub_usage (win)",
     ),
 }
 

@@ -20,6 +20,7 @@ from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
+from .sqlite_usage import SQLiteUsage, add_usage
 from .store import (
     Append,
     Copies,
@@ -43,7 +44,7 @@ from .store import (
 T = TypeVar("T")
 
 
-class SQLiteTapeStore(StoreBase):
+class SQLiteTapeStore(SQLiteUsage, StoreBase):
     """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
 
     kind = "sqlite"
@@ -307,6 +308,11 @@ def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | N
     if w.if_no_anchor and has_anchor:
         return None
     rows, skip = w.rows, 0
+    if w.adds:
+        # In the append's transaction: the counters move exactly when the entries are written.
+        found = add_usage(conn, w.adds, now)
+        if w.decide is not None:
+            rows = w.decide(found) or rows
     if w.bootstrap is not None and not has_anchor:
         rows = [w.bootstrap, *rows]
         skip = 1

@@ -13,7 +13,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
 
@@ -23,6 +23,7 @@ from .jobs import Decide, Fired, Firing, Job
 from .leases import Leases, LocalLeases
 from .names import FORK_SEP, archive_name
 from .query import QuerySpec
+from .usage import Counting, UsageAdd, UsageRow
 
 log = logging.getLogger("bub_bot.tape")
 
@@ -106,13 +107,16 @@ class TapeStore(Protocol):
         if_no_anchor: bool = False,
         bootstrap: TapeEntry | None = None,
         session_id: str | None = None,
+        usage: Counting | None = None,
     ) -> list[TapeEntry] | None:
         """Append entries in one transaction and return them with their ids.
 
         `dedupe_keys`: if any key was ever recorded, nothing is written and None is returned;
         otherwise the keys are recorded with the entries (one transaction). `if_no_anchor`:
         write only when the tape has no anchor yet (else None). `bootstrap`: an anchor written
-        first, in the same transaction, if the tape has none.
+        first, in the same transaction, if the tape has none. `usage`: counters added in the
+        same transaction (a refused write adds none); its `decide` may replace the entries
+        from the counts (see tape/usage.py).
         """
 
     async def reset(
@@ -193,6 +197,32 @@ class TapeStore(Protocol):
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
+
+    # -- usage counters (tape/usage.py) --------------------------------------------------------
+    async def add_usage(self, adds: Sequence[UsageAdd]) -> None:
+        """Add to counters in one transaction (usage that no tape entry records)."""
+
+    async def usage(self, keys: Sequence[str], first: str, last: str) -> list[UsageRow]:
+        """The counter rows of `keys` with `first <= window <= last`."""
+
+    async def top_usage(
+        self, prefix: str, first: str, last: str, *, limit: int = 10
+    ) -> list[UsageRow]:
+        """Keys starting with `prefix`, their rows with `first <= window <= last` summed,
+        most tokens first (`window` is then the key's first window in the range)."""
+
+    async def usage_records(
+        self, *, after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UsageRow]:
+        """Counter rows after (key, window) `after`, in that order (for paging: copies)."""
+
+    async def add_usage_records(self, rows: Sequence[UsageRow]) -> int:
+        """Store counter rows that the database does not have yet (a (key, window) it has
+        is left as it is, so copying twice copies nothing); returns how many were new."""
+
+    async def prune_usage(self, before: Sequence[str]) -> int:
+        """Delete the rows of windows older than each of `before` (`m:2026-12-01` drops every
+        `m:` window before that day): short windows only matter while they last."""
 
     # -- forks (tape/forks.py) -----------------------------------------------------------------
     async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
@@ -293,6 +323,10 @@ class Append:
     if_no_anchor: bool
     bootstrap: Row | None
     session_id: str | None
+    adds: list[UsageAdd] = field(default_factory=list)
+    """Counters added in the same transaction, each (key, window) once, sorted."""
+    decide: Callable[[dict[tuple[str, str], int]], list[Row] | None] | None = None
+    """Given the counters' `messages` after the adds, rows to write instead (None: `rows`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,9 +409,23 @@ class StoreBase:
         if_no_anchor: bool = False,
         bootstrap: TapeEntry | None = None,
         session_id: str | None = None,
+        usage: Counting | None = None,
     ) -> list[TapeEntry] | None:
         """Append entries in one transaction and return them with their ids (see TapeStore)."""
         entries = list(entries)
+        chosen = entries
+        decide = None
+        if usage is not None and usage.decide is not None:
+            ask = usage.decide
+
+            def decide(found: dict[tuple[str, str], int]) -> list[Row] | None:
+                nonlocal chosen
+                replaced = ask(usage.counts(found))
+                if replaced is None:
+                    return None
+                chosen = list(replaced)
+                return [entry_row(e) for e in chosen]
+
         ids = await self._append(
             Append(
                 tape,
@@ -386,9 +434,11 @@ class StoreBase:
                 if_no_anchor,
                 entry_row(bootstrap) if bootstrap else None,
                 safe_text(session_id) if session_id else None,
+                usage.sorted_adds() if usage is not None else [],
+                decide,
             )
         )
-        return None if ids is None else with_ids(entries, ids)
+        return None if ids is None else with_ids(chosen, ids)
 
     async def _append(self, append: Append) -> list[int] | None:
         """The store's append transaction (see `Append`)."""

@@ -14,6 +14,7 @@ from .forks import ForkPoint, Merged
 from .names import sidecar_name, tape_name
 from .query import AnchorNotFound
 from .store import TapeStore
+from .usage import Counting
 
 BOOTSTRAP_ANCHOR = "session/start"
 
@@ -54,15 +55,20 @@ class Tape:
         return written[0]
 
     async def append_many(
-        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+        self,
+        entries: Sequence[TapeEntry],
+        *,
+        bootstrap: bool = False,
+        usage: Counting | None = None,
     ) -> list[TapeEntry]:
         """Append entries in one transaction (after `session/start` if `bootstrap` and the
-        tape has no anchor yet)."""
+        tape has no anchor yet), adding `usage` to its counters in the same transaction."""
         written = await self.store.append_many(
             self.name,
             entries,
             session_id=self.session_id,
             bootstrap=self.bootstrap_anchor() if bootstrap else None,
+            usage=usage,
         )
         assert written is not None
         return written
@@ -211,11 +217,16 @@ class ForkTape(Tape):
         )
 
     async def append_many(
-        self, entries: Sequence[TapeEntry], *, bootstrap: bool = False
+        self,
+        entries: Sequence[TapeEntry],
+        *,
+        bootstrap: bool = False,
+        usage: Counting | None = None,
     ) -> list[TapeEntry]:
         """Append to the fork only; never a bootstrap anchor (the parent's start is read
-        through the fork point, and a new anchor here would hide it)."""
-        return await super().append_many(entries)
+        through the fork point, and a new anchor here would hide it). `usage` is counted
+        now: a model call was paid for whether or not the fork is merged."""
+        return await super().append_many(entries, usage=usage)
 
     async def merge(self) -> Merged:
         """Append this fork's entries (and its sidecars') to the parent; the fork is gone."""

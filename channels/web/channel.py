@@ -29,6 +29,7 @@ from .relay import Relay
 from .runtime import WebRuntime
 from .stream import WebStream
 from .uploads import SentFiles
+from .usage_view import UsageViewer
 from .viewer import ViewerRoutes
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -55,6 +56,7 @@ class WebChannel:
         )
         self.sent_files = SentFiles(settings)
         self.viewer = ViewerRoutes(settings, self.require_runtime) if settings.web_viewer else None
+        self.usage = UsageViewer(self.require_runtime)
         self._static = {
             p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.suffix in STATIC_TYPES
         }
@@ -106,6 +108,9 @@ class WebChannel:
                 ("GET", "/tapes/{tape}", guard(viewer.tape, api=False)),
                 ("GET", "/tapes/{tape}/context", guard(viewer.context, api=False)),
                 ("GET", "/tapes/{tape}/spill/{handle}", guard(viewer.spilled, api=False)),
+                ("GET", "/usage", guard(self.usage.overview, api=False)),
+                ("GET", "/usage/users/{key}", guard(self.usage.user, api=False)),
+                ("GET", "/usage/sessions/{key}", guard(self.usage.session, api=False)),
             ]
         return found
 

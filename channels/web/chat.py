@@ -53,7 +53,7 @@ KEEPALIVE_SECONDS = 15.0
 LIST_LIMIT = 100
 COMMANDS_HINT = (
     "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /skills, /schedules,"
-    " /unschedule <id>, /stop [id], /help"
+    " /unschedule <id>, /usage [all], /stop [id], /help"
 )
 
 

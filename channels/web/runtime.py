@@ -16,6 +16,8 @@ class WebRuntime(RuntimeLike, Protocol):
 
     store: Any
     agent: Any
+    budgets: Any
+    """Usage counters and the calendar they count in (the viewer's usage pages)."""
 
     async def session_tape(self, session_id: str) -> Tape: ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from bub_bot.tape import KINDS, TapeEntry, TapeStats
 from bub_bot.tape.names import tape_role
@@ -168,6 +168,10 @@ def _side(p: TapePage) -> str:
         f"<div>{escape(str(j['prompt']))}</div></li>"
         for j in p.jobs
     )
+    usage = ""
+    if p.stats.session_id:
+        link = "/usage/sessions/" + quote(p.stats.session_id, safe="")
+        usage = f'<p><a href="{escape(link)}">Usage of this conversation</a></p>'
     children = "".join(
         f'<li><a href="/tapes/{escape(c["name"])}">{escape(str(c["session_id"] or c["name"]))}</a>'
         f' <span class="muted">{escape(c["kind"])} · {c["entries"]} entries</span></li>'
@@ -181,7 +185,7 @@ def _side(p: TapePage) -> str:
             f"{escape(str(p.parent.get('session_id') or p.parent['name']))}</a></p>"
         )
     return (
-        f"{parent}<h2>Subagents and forks</h2><ul>{children or NONE}</ul>"
+        f"{usage}{parent}<h2>Subagents and forks</h2><ul>{children or NONE}</ul>"
         f"<h2>Scheduled jobs</h2><ul>{jobs or NONE}</ul>"
         f"<h2>Anchors (newest first)</h2><ol class=timeline>{timeline or NONE}</ol>"
         f"<h2>Archives of this session</h2><ul>{archives or NONE}</ul>"
