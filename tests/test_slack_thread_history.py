@@ -67,3 +67,30 @@ async def test_a_long_thread_is_read_page_by_page_and_a_refusal_costs_nothing(
     await bot.post(app_mention("C2", "U3", "hi", slack.next_ts(), thread_ts=other))
     await bot.idle(sid("C2", other))
     assert [m["content"] for m in fake_openai.last_messages() if m["role"] == "user"] == ["hi"]
+
+
+async def test_a_refused_first_mention_still_brings_the_thread(
+    start_bot: StartBot, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    # U3 may send one message an hour: the mention in the second thread is stored refused.
+    bot = await start_bot(slack_thread_history=3, limit_user="1/hour")
+    first = slack.next_ts()
+    await bot.post(app_mention("C1", "U3", "hello", slack.next_ts(), thread_ts=first))
+    await bot.idle(sid("C1", first))
+    root = slack.next_ts()
+    slack.add_to_thread("C1", root, "U1", "the deploy failed again")
+    slack.add_to_thread("C1", root, "U2", "logs say OOM")
+    await bot.post(app_mention("C1", "U3", "what happened?", slack.next_ts(), thread_ts=root))
+    await bot.idle(sid("C1", root))
+    stored = await bot.tape(sid("C1", root)).query(kinds=["message"])
+    assert [(e.payload["content"], bool(e.meta.get("refused"))) for e in stored] == [
+        ("[U1]: the deploy failed again", False),
+        ("[U2]: logs say OOM", False),
+        ("what happened?", True),
+    ]
+    # Someone else asks in that thread: the answer knows the thread, read once only.
+    await bot.post(app_mention("C1", "U4", "any idea?", slack.next_ts(), thread_ts=root))
+    await bot.idle(sid("C1", root))
+    contents = [m["content"] for m in fake_openai.last_messages() if m["role"] == "user"]
+    assert contents == ["[U1]: the deploy failed again", "[U2]: logs say OOM", "any idea?"]
+    assert len(slack.calls_to("conversations.replies")) == 2  # the first thread, this one
