@@ -213,3 +213,23 @@ async def test_transcription_is_retried_and_can_be_turned_off(
     await h2.replies(USER, 2)
     assert "(voice not transcribed: transcription is off)" in _text(fake_openai.last_messages()[-1])
     assert len(fake_openai.transcriptions) == 1
+
+
+async def test_no_transcription_once_the_senders_budget_is_spent(
+    start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    h = await start(budget_user="100/day")
+    used = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+    fake_openai.script(text("hello", usage=used))
+    tg.push_update(tg.private_text(USER, "hi"))
+    await h.replies(USER, 1)
+    fake_openai.transcripts[OGG] = "never transcribed"
+    tg.push_update(tg.file_message(USER, "voice", "B1", OGG, duration=4, mime_type="audio/ogg"))
+    replies = await h.replies(USER, 2)
+    assert "budget" in str(replies[-1]).lower()
+    assert fake_openai.transcriptions == []  # the provider was not paid for it
+    await h.idle(SESSION)
+    entries = await h.tape(SESSION).query(kinds=["message"])
+    notes = [e for e in entries if e.meta.get("attachments_of")]
+    assert len(notes) == 1
+    assert "(voice not transcribed: the budget is used up)" in notes[0].payload["content"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from channels.base import Attachment, Channel, FetchesFiles, FetchFailed
 
+from ..budgets import Budgets, Payer
 from ..config import Settings
 from ..files import extract, inbox
 from ..files.sniff import is_texty, sniff
@@ -58,11 +59,14 @@ class Attachments:
         store: TapeStore,
         channels: dict[str, Channel],
         transcriber: Transcriber,
+        budgets: Callable[[], Budgets | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.channels = channels
         self.transcriber = transcriber
+        self.budgets = budgets
+        """The budgets a transcription is checked against (it is paid for like a call)."""
 
     async def resolve(self, session: Session, messages: list[TapeEntry]) -> None:
         """Write the attachment message for each of `messages` that has files and none yet."""
@@ -124,7 +128,8 @@ class Attachments:
                 f" saved as {result['path']}]"
             )
             try:
-                body, image, transcript = await self._content(session.workspace, att, result)
+                payer = Payer.of(session.id, message.meta)
+                body, image, transcript = await self._content(session.workspace, att, result, payer)
             except Exception as exc:  # an unreadable file must not cost the message
                 log.exception("attachment.unreadable session=%s entry=%d", session.id, message.id)
                 body, image, transcript = f"(could not be read: {type(exc).__name__})", None, None
@@ -182,7 +187,7 @@ class Attachments:
         return out
 
     async def _content(
-        self, workspace: Path, att: Attachment, saved: dict[str, Any]
+        self, workspace: Path, att: Attachment, saved: dict[str, Any], payer: Payer
     ) -> tuple[str, str | None, str | None]:
         """(text inline, image data URL, transcript) for a saved file."""
         s = self.settings
@@ -193,7 +198,7 @@ class Attachments:
                 return "", extract.data_url(workspace, path, mime, size), None
             return "(the image is not shown to you; it is in the workspace)", None, None
         if mime.startswith("audio/") or att.kind in ("voice", "audio"):
-            return await self._transcript(workspace, att, path, size)
+            return await self._transcript(workspace, att, path, size, payer)
         if mime == "application/pdf":
             text, more = await asyncio.to_thread(extract.pdf_text, workspace, path, size, limit)
             if not text:
@@ -205,11 +210,19 @@ class Attachments:
         return "(not shown inline; read it with the file tools)", None, None
 
     async def _transcript(
-        self, workspace: Path, att: Attachment, path: str, size: int
+        self, workspace: Path, att: Attachment, path: str, size: int, payer: Payer
     ) -> tuple[str, str | None, str | None]:
         cap = self.settings.transcribe_max_seconds
         if att.duration is not None and att.duration > cap:
             return f"(voice not transcribed: longer than {_duration(cap)})", None, None
+        budgets = self.budgets()
+        if budgets is not None and self.transcriber.enabled:
+            # The provider bills a transcription too: none once the sender's budget is spent
+            # (the model is not called for them either).
+            spent = await budgets.check(payer)
+            if spent is not None:
+                log.info("attachment.not_transcribed reason=budget scope=%s", spent.scope)
+                return "(voice not transcribed: the budget is used up)", None, None
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 text = await self.transcriber.transcribe(workspace, path, size)

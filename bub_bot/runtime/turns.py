@@ -46,6 +46,7 @@ class TurnRunner:
             store,
             channels,
             Transcriber(settings.transcribe_model, lambda: agent.model.client),
+            budgets=lambda: agent.budgets,
         )
         """Files that came with the messages, fetched in the turn (retried on resume)."""
         self.store = store
