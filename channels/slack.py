@@ -54,7 +54,7 @@ from .base import DENIED, HistoryMessage, Inbound, RuntimeLike, Sender
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
 from .slack_files import SlackFiles
 from .slack_files import attachments as file_attachments
-from .slack_history import thread_history
+from .slack_history import first_mention_history
 from .slack_outbox import SlackOutbox
 from .slack_stream import SlackStream
 
@@ -323,23 +323,11 @@ class SlackChannel:
         profile = event.get("user_profile") or {}
         name = profile.get("display_name") or profile.get("real_name") or event.get("username")
         history: list[HistoryMessage] = []
-        if (
-            mentioned
-            and not is_dm
-            and thread_ts
-            and thread_ts != ts
-            and self.settings.slack_thread_history > 0
-            and not await runtime.session_known(session)
-        ):
-            # First mention in a thread the bot has no tape for: read it once, so the answer
-            # knows what was said (never again: the tape is the history from now on).
-            history = await thread_history(
-                self.client,
-                channel,
-                thread_ts,
-                ts,
-                self.settings.slack_thread_history,
-                (self.bot_user_id, self.bot_id),
+        if mentioned and not is_dm and thread_ts and thread_ts != ts:
+            ids = (self.bot_user_id, self.bot_id)
+            cap = self.settings.slack_thread_history
+            history = await first_mention_history(
+                self.client, runtime, session, channel, thread_ts, ts, cap, ids
             )
         return Inbound(
             channel=self.name,

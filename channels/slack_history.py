@@ -13,7 +13,7 @@ from typing import Any
 
 from slack_sdk.errors import SlackApiError
 
-from .base import HistoryMessage
+from .base import HistoryMessage, RuntimeLike
 
 log = logging.getLogger("channels.slack")
 
@@ -21,6 +21,24 @@ TIME_BUDGET = 2.0
 """Seconds the whole read may take: Slack wants the event acknowledged within 3."""
 MAX_TEXT = 4000
 """Characters kept of one earlier message."""
+
+
+async def first_mention_history(
+    client: Any,
+    runtime: RuntimeLike,
+    session_id: str,
+    channel: str,
+    thread_ts: str,
+    before_ts: str,
+    cap: int,
+    bot_ids: tuple[str, str],
+) -> list[HistoryMessage]:
+    """The thread's history for a mention in it when the bot has no tape for the thread yet
+    (read once, so the answer knows what was said; never again: the tape is the history
+    from then on); [] otherwise or with `cap` 0."""
+    if cap <= 0 or await runtime.session_known(session_id):
+        return []
+    return await thread_history(client, channel, thread_ts, before_ts, cap, bot_ids)
 
 
 async def thread_history(
