@@ -85,9 +85,9 @@ class ChatRoutes:
         self.runtime = runtime
         """The runtime, once started (else it raises 503: `WebChannel.require_runtime`)."""
         self.channel = channel
+        """The channel's name: inbound messages are this channel's."""
         self.uploads = Uploads(settings)
         """Files uploaded with messages, staged until the turn fetches them."""
-        """The channel's name: inbound messages are this channel's."""
 
     # -- helpers -------------------------------------------------------------------------------
     async def _tape(self, conversation: str) -> Tape:
