@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import ConfigError, Settings, load_settings
+from .hardening import no_dump
 from .tape import TapeEntry, TapeStore, TapeStoreError, open_store, parse_database_url, tape_name
 
 log = logging.getLogger("bub_bot")
@@ -95,6 +96,9 @@ def _database_url(value: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bub-bot` script."""
     args = _parser().parse_args(argv)
+    # First: from here on no process of ours (stdio MCP servers, commands) running as our
+    # user can read /proc/<this pid>/environ, where the tokens are.
+    no_dump()
     needs_model = args.command in ("serve", "chat", "run")
     try:
         # `serve` with the web chat as its only channel starts without a model.

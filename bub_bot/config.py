@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from pathlib import Path
@@ -220,10 +221,30 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     metrics_token: str | None = None
 
+    # HTTP connection limits (bub_bot/http_limits.py): slow and idle clients are bounded
+    http_max_connections: int = Field(default=1000, ge=8, le=1_000_000)
+    http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    http_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    http_idle_timeout_seconds: float = Field(default=75.0, gt=0, le=3600)
+    web_max_streams_per_client: int = Field(default=32, ge=1, le=10_000)
+
     # web chat and tape viewer (channels/web)
     web: bool = True
     web_token: str | None = None
     web_viewer: bool = True
+    # web login cookie and proxies (channels/web/auth.py, forwarded.py)
+    web_login_max_age_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=400 * 24 * 3600)
+    web_cookie_secure: bool = False
+    trusted_proxies: CsvList = Field(
+        default_factory=lambda: [
+            "127.0.0.0/8",
+            "::1/128",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "fc00::/7",
+        ]
+    )
 
     # telegram
     telegram_token: str | None = None
@@ -309,6 +330,7 @@ class Settings(BaseSettings):
         "slack_allow_users",
         "slack_allow_channels",
         "fetch_allow",
+        "trusted_proxies",
         "tools",
         "subagent_models",
         mode="before",
@@ -316,6 +338,16 @@ class Settings(BaseSettings):
     @classmethod
     def _split_lists(cls, value: object) -> list[str]:
         return _csv(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or CIDR: {item!r}") from None
+        return value
 
     # -- derived ------------------------------------------------------------------------------
     @property

@@ -11,7 +11,9 @@ from typing import TextIO
 import aiohttp
 
 from .config import DEFAULT_OPENAI_BASE_URL, Settings
-from .logs import RedactSecrets, secrets_of
+from .hardening import readable_by_others
+from .logs import RedactSecrets
+from .secrets import known_secrets
 from .tape import open_store, parse_database_url
 
 TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -232,7 +234,7 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         checks.append(("telegram", check_telegram))
     if settings.slack_enabled:
         checks.append(("slack", check_slack))
-    scrub = RedactSecrets(secrets_of(settings)).scrub  # error texts may quote URLs with tokens
+    scrub = RedactSecrets(known_secrets(settings)).scrub  # error texts may quote URLs with tokens
     failed = 0
 
     def show(name: str, result: Result) -> None:
@@ -258,6 +260,9 @@ async def doctor(settings: Settings, out: TextIO | None = None) -> int:
         show("bash", bash)
     else:  # auto and no sandbox: the bot serves without bash; said, not failed
         print(scrub(f"note  bash      {bash.detail}"), file=out)
+    warning = readable_by_others(settings.home)
+    if warning:
+        print(scrub(f"warn  home      {warning}"), file=out)
     if not settings.telegram_enabled and not settings.slack_enabled:
         print(
             "note  channels  none configured (set BUB_TELEGRAM_TOKEN or BUB_SLACK_BOT_TOKEN)",

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable
 
 from .config import Settings
-from .secrets import Scrubber, secrets_of
+from .secrets import Scrubber, known_secrets
 
 
 class RedactSecrets(logging.Filter):
@@ -57,7 +57,7 @@ def configure(settings: Settings, stream=None) -> logging.Handler:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    handler.addFilter(RedactSecrets(secrets_of(settings)))
+    handler.addFilter(RedactSecrets(known_secrets(settings)))
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, "_bub_bot", False):

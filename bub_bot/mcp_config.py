@@ -44,8 +44,9 @@ _TYPES = {"stdio": "stdio", "http": "http", "streamable-http": "http", "streamab
 class McpServerConfig:
     """One configured MCP server, `${VAR}`s already expanded.
 
-    `secrets` are the values that came from the environment (and the whole `env`/`headers`
-    values that used them): they are scrubbed from every error, log line and result."""
+    `secrets` are every `env` and `headers` value (literal or from `${VAR}`), a `${VAR}`
+    named like a secret anywhere, and the password of every `scheme://user:pw@` in `args`,
+    `env`, `url` and `headers`: they are scrubbed from every error, log line and result."""
 
     name: str
     transport: Literal["stdio", "http"]
@@ -155,12 +156,14 @@ def _server(name: str, spec: Any, environ: Mapping[str, str]) -> McpServerConfig
                 raise _Problem(at, f"environment variable {var} is not set")
             if secret or _SECRET_NAME.search(var):
                 secrets.append(found)
-            # A connection string (`postgresql://app:pw@db/app` in args, as database MCP
-            # servers take it) carries a password whatever its variable is called.
-            secrets.extend(m.group(1) for m in _URL_PASSWORD.finditer(found))
             return found
 
-        return _VAR.sub(one, value)
+        expanded = _VAR.sub(one, value)
+        # A connection string (`postgresql://app:pw@db/app` in args, as database MCP
+        # servers take it) carries a password whatever its variable is called, and also
+        # when it is written in the file literally.
+        secrets.extend(url_passwords(expanded))
+        return expanded
 
     def string(key: str, *, required: bool = False) -> str:
         value = spec.get(key)
@@ -177,8 +180,12 @@ def _server(name: str, spec: Any, environ: Mapping[str, str]) -> McpServerConfig
         out = {}
         for k, v in value.items():
             expanded = expand(v, f"{where}.{key}.{k}", secret=True)
-            if expanded != v or _SECRET_NAME.search(k):
-                secrets.append(expanded)  # e.g. "Bearer <token>" as a whole
+            # Every env and headers value is a secret, written literally or not (a DSN in
+            # env, a token in a header); "Bearer <token>" also gives up its token alone.
+            secrets.append(expanded)
+            scheme, _, credential = expanded.partition(" ")
+            if credential and scheme.isalpha():
+                secrets.append(credential.strip())
             out[k] = expanded
         return out
 
@@ -254,6 +261,16 @@ def _server(name: str, spec: Any, environ: Mapping[str, str]) -> McpServerConfig
 
 
 _KEY = {"stdio": "command", "http": "url"}
+
+
+def url_passwords(text: str) -> list[str]:
+    """Secrets of every `scheme://user:password@` in `text`: the password, and the whole
+    `://user:password@` (so a short password is still redacted, with its context)."""
+    found = []
+    for match in _URL_PASSWORD.finditer(text):
+        found.append(match.group(1))
+        found.append(match.group(0)[match.group(0).index("://") :])
+    return found
 
 
 def _secret_values(values: list[str]) -> tuple[str, ...]:

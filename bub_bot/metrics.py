@@ -22,12 +22,15 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
+LABEL_VALUES_MAX = 200
+"""Distinct values one label of one metric may take; later new ones count as "other"."""
 
 
 class Metrics:
     """One registry per bot (so in-process tests and several bots never share counters)."""
 
     def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], set[str]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.inbound = Counter(
@@ -127,29 +130,51 @@ class Metrics:
             registry=r,
         )
 
+    def _bound(self, metric: str, *values: Any) -> list[str]:
+        """`values` as label values, each label of `metric` limited to LABEL_VALUES_MAX
+        distinct values (every label set stays bounded, whatever feeds it)."""
+        out = []
+        for index, value in enumerate(values):
+            text = str(value)[:100]
+            seen = self._seen.setdefault((metric, index), set())
+            if text not in seen:
+                if len(seen) >= LABEL_VALUES_MAX:
+                    text = "other"
+                seen.add(text)
+            out.append(text)
+        return out
+
     # -- observers -----------------------------------------------------------------------------
     def on_runtime(self, event: str, data: dict[str, Any]) -> None:
         if event == "inbound":
-            self.inbound.labels(data.get("channel", ""), data.get("outcome", "")).inc()
+            self.inbound.labels(
+                *self._bound("inbound", data.get("channel", ""), data.get("outcome", ""))
+            ).inc()
         elif event == "turn":
-            self.turns.labels(data.get("outcome", "")).inc()
+            self.turns.labels(*self._bound("turns", data.get("outcome", ""))).inc()
         elif event == "reply":
-            self.replies.labels(data.get("channel", ""), data.get("outcome", "")).inc()
+            self.replies.labels(
+                *self._bound("replies", data.get("channel", ""), data.get("outcome", ""))
+            ).inc()
         elif event == "command":
-            self.commands.labels(data.get("name", "")).inc()
+            self.commands.labels(*self._bound("commands", data.get("name", ""))).inc()
         elif event == "refusal":
-            self.refusals.labels(data.get("reason", "")).inc()
+            self.refusals.labels(*self._bound("refusals", data.get("reason", ""))).inc()
         elif event == "lease":
-            self.lease_events.labels(data.get("outcome", "")).inc()
+            self.lease_events.labels(*self._bound("leases", data.get("outcome", ""))).inc()
         elif event == "leader":
             leading = 1 if data.get("outcome") == "acquired" else 0
-            self.leading.labels(data.get("job", "")).set(leading)
+            self.leading.labels(*self._bound("leading", data.get("job", ""))).set(leading)
         elif event == "job":
             labels = (data.get("kind", ""), data.get("outcome", ""))
-            self.job_delay.labels(*labels).observe(max(0.0, data.get("delay", 0.0)))
+            self.job_delay.labels(*self._bound("jobs", *labels)).observe(
+                max(0.0, data.get("delay", 0.0))
+            )
         elif event == "first_text":
             streamed = "yes" if data.get("streamed") else "no"
-            self.first_text.labels(data.get("channel", ""), streamed).observe(data["seconds"])
+            self.first_text.labels(
+                *self._bound("first_text", data.get("channel", ""), streamed)
+            ).observe(data["seconds"])
 
     def on_agent(self, event: str, data: dict[str, Any]) -> None:
         if event == "model_call":
@@ -161,20 +186,22 @@ class Metrics:
             self.tokens.labels("in").inc(usage.get("prompt_tokens") or 0)
             self.tokens.labels("out").inc(usage.get("completion_tokens") or 0)
         elif event == "usage":
-            labels = (data.get("channel", ""), data.get("model", ""))
+            labels = self._bound("usage", data.get("channel", ""), data.get("model", ""))
             self.usage_tokens.labels(*labels, "in").inc(data.get("tokens_in", 0))
             self.usage_tokens.labels(*labels, "out").inc(data.get("tokens_out", 0))
             self.usage_cost.labels(*labels).inc(data.get("cost", 0) / 1_000_000)
         elif event == "refusal":
-            self.refusals.labels(data.get("reason", "")).inc()
+            self.refusals.labels(*self._bound("refusals", data.get("reason", ""))).inc()
         elif event == "tool_call":
-            self.tool_calls.labels(data.get("tool", ""), "ok" if data.get("ok") else "error").inc()
+            outcome = "ok" if data.get("ok") else "error"
+            self.tool_calls.labels(*self._bound("tools", data.get("tool", ""), outcome)).inc()
         elif event == "spill":
             self.spills.labels("ok" if data.get("ok") else "failed").inc()
         elif event == "auto_handoff":
             self.auto_handoffs.inc()
         elif event == "subagent":
-            self.subagents.labels(data.get("mode", ""), data.get("status", "")).inc()
+            labels = self._bound("subagents", data.get("mode", ""), data.get("status", ""))
+            self.subagents.labels(*labels).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

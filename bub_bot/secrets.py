@@ -12,6 +12,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from .errors import ConfigError
+from .mcp_config import load_mcp_config
+
 REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 6
 """Shorter values are not scrubbed: replacing every "abc" in tool output helps nobody."""
@@ -50,6 +53,33 @@ def secrets_of(settings: BaseModel) -> list[str]:
     return [v for v in dict.fromkeys(values) if len(v) >= MIN_SECRET_LENGTH]
 
 
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@", re.I)
+
+
+def redact_url_passwords(text: str) -> str:
+    """`text` with the password of every `scheme://user:password@` replaced (for texts
+    that may quote a connection string nobody configured as a secret)."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+
+
+def mcp_secrets(settings: BaseModel) -> list[str]:
+    """The secrets of every server of BUB_MCP_CONFIG (none when unset or unreadable: the
+    settings check reports a broken file)."""
+    path = getattr(settings, "mcp_config", None)
+    if path is None or str(path) == "":
+        return []
+    try:
+        servers = load_mcp_config(path)
+    except ConfigError:
+        return []
+    return [s for server in servers for s in server.secrets]
+
+
+def known_secrets(settings: BaseModel) -> list[str]:
+    """`secrets_of(settings)` and `mcp_secrets(settings)`, once each."""
+    return list(dict.fromkeys([*secrets_of(settings), *mcp_secrets(settings)]))
+
+
 class Scrubber:
     """Replaces configured secret values with `[redacted]` in text and JSON-like values."""
 
@@ -63,8 +93,9 @@ class Scrubber:
 
     @classmethod
     def for_settings(cls, settings: BaseModel) -> Scrubber:
-        """A scrubber for every secret `settings` holds."""
-        return cls(secrets_of(settings))
+        """A scrubber for every secret `settings` holds, and every MCP server's (the union:
+        one server's token coming out of another server, or out of a file, is redacted)."""
+        return cls(known_secrets(settings))
 
     def __bool__(self) -> bool:
         return self.pattern is not None
@@ -186,6 +217,17 @@ SECRET_FILE_PATTERNS = (
     ".pgpass.conf",
     ".config/gh",
     ".config/gcloud",
+    # also refused on the security branch (issue 18 §4)
+    ".credentials",
+    "*service-account*.json",
+    "*service_account*.json",
+    "*.keytab",
+    ".yarnrc.yml",
+    ".histfile",
+    "gh/hosts.yml",
+    "gh/hosts.yaml",
+    ".config/hub",
+    ".config/rclone",
 )
 # Templates meant to be committed, without real values.
 SECRET_FILE_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", ".env.dist")
@@ -213,6 +255,9 @@ __all__ = [
     "REDACTED",
     "SECRET_FILE_PATTERNS",
     "Scrubber",
+    "known_secrets",
+    "mcp_secrets",
+    "redact_url_passwords",
     "secret_path_match",
     "secret_setting_names",
     "secrets_of",

@@ -20,8 +20,11 @@ from .agent.schedule_tools import register_schedule_tools
 from .agent.send_file import register_send_file
 from .agent.subagent import register_subagent_tool
 from .config import MODEL_MISSING, ConfigError, Settings
+from .hardening import private_dir
+from .http_limits import ConnectionGuard, GuardedSite
 from .runtime import Runtime
 from .runtime.outfiles import OutFiles
+from .secrets import redact_url_passwords
 from .tape import TapeStore, open_store
 from .tape.leases import owner_id
 
@@ -76,6 +79,10 @@ class Bot:
     ) -> Bot:
         """Open the database and build the agent and runtime (channels are not started);
         `clock` is when jobs are due (tests move their own)."""
+        try:  # before the database: BUB_HOME holds the tapes and must be private
+            private_dir(settings.home)
+        except OSError as exc:
+            log.warning("cannot create BUB_HOME %s: %s", settings.home, exc)
         store = await open_store(settings)
         log.info(
             "store.opened kind=%s at=%s schema=v%d",
@@ -148,7 +155,7 @@ def start_mcp(settings: Settings, agent: Agent) -> McpManager | None:
     servers = load_mcp_config(settings.mcp_config)
     if not servers:
         return None
-    manager = McpManager(servers, settings.workspace)
+    manager = McpManager(servers, settings.workspace, agent.scrub)
     agent.tools.sources.append(manager)
     manager.start()
     return manager
@@ -185,6 +192,13 @@ class BotServer:
         self.host = bot.settings.host if host is None else host
         self.port = bot.settings.port if port is None else port
         self.ready = False
+        conf = bot.settings
+        self.guard = ConnectionGuard(
+            max_connections=conf.http_max_connections,
+            header_timeout=conf.http_header_timeout_seconds,
+            body_timeout=conf.http_body_timeout_seconds,
+            idle_timeout=conf.http_idle_timeout_seconds,
+        )
         self.app = self._build()
         self._runner: web.AppRunner | None = None
 
@@ -197,7 +211,7 @@ class BotServer:
         return f"http://{host}:{self.port}"
 
     def _build(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self.guard.middleware])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         for channel in self.bot.channels:
@@ -223,6 +237,8 @@ class BotServer:
             await asyncio.wait_for(bot.store.ping(), READY_DB_TIMEOUT)
         except Exception as exc:
             cause = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            # /readyz needs no token: no secret (a DSN's password) in what it shows.
+            cause = redact_url_passwords(bot.agent.scrub.text(cause))
             body["ok"], body["database"] = False, f"error: {cause or type(exc).__name__}"
         now = time.monotonic()
         for channel in bot.channels:
@@ -246,9 +262,14 @@ class BotServer:
         return web.json_response(body, status=200 if body["ok"] else 503)
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        self._runner = web.AppRunner(
+            self.app,
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=self.bot.settings.http_idle_timeout_seconds,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = GuardedSite(self._runner, self.host, self.port, self.guard)
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

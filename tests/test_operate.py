@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import generate_latest
 
 from bub_bot.config import Settings
 from bub_bot.doctor import doctor
@@ -89,7 +90,8 @@ async def test_metrics_move_by_the_right_amounts(
     assert metric(after, "bub_model_calls_total", outcome="ok") == 3
     assert metric(after, "bub_model_calls_total", outcome="error") == 1
     assert metric(after, "bub_tool_calls_total", tool="tape.info", outcome="ok") == 1
-    assert metric(after, "bub_tool_calls_total", tool="no_such_tool", outcome="error") == 1
+    assert metric(after, "bub_tool_calls_total", tool="unknown", outcome="error") == 1
+    assert "no_such_tool" not in after  # a made-up name never becomes a label
     assert metric(after, "bub_spills_total", outcome="ok") >= 1  # tape.info output > 40 chars
     assert metric(after, "bub_tokens_total", direction="out") >= 7
     assert metric(after, "bub_model_latency_seconds_count") == 3
@@ -225,3 +227,25 @@ async def test_no_secret_reaches_logs_or_tape(fake_openai: FakeOpenAI, settings)
     for value in secrets.values():
         assert value not in logs
         assert value not in tape_text
+
+
+def test_every_label_set_is_bounded() -> None:
+    from bub_bot.metrics import LABEL_VALUES_MAX, Metrics
+
+    metrics = Metrics()
+    for n in range(LABEL_VALUES_MAX * 3):
+        metrics.on_agent("tool_call", {"tool": f"aaa_injected_{n}", "ok": False})
+        metrics.on_runtime("command", {"name": f"cmd{n}"})
+        # main's labels since: refusal reasons, usage per model, subagent runs
+        metrics.on_runtime("refusal", {"reason": f"runtime{n}"})
+        metrics.on_agent("refusal", {"reason": f"agent{n}"})
+        metrics.on_agent("usage", {"channel": "web", "model": f"m{n}", "tokens_in": 1})
+        metrics.on_agent("subagent", {"mode": f"mode{n}", "status": "ok"})
+    text = generate_latest(metrics.registry).decode()
+    tools = {
+        line.split('tool="')[1].split('"')[0] for line in text.splitlines() if 'tool="' in line
+    }
+    assert len(tools) <= LABEL_VALUES_MAX + 1 and "other" in tools
+    assert text.count("bub_commands_total{") <= LABEL_VALUES_MAX + 1
+    for name in ("bub_refusals_total{", "bub_usage_cost_dollars_total{", "bub_subagents_total{"):
+        assert 0 < text.count(name) <= LABEL_VALUES_MAX + 1, name

@@ -231,8 +231,22 @@ REFUSED = [
     ".bash_history",
     ".zsh_history",
     ".python_history",
+    ".psql_history",
+    "deploy/my-service-account-key.json",
+    ".config/gcloud/application_default_credentials.json",
+    "home/.config/gh/hosts.yml",
+    "krb5.keytab",
+    ".histfile",
 ]
-ALLOWED = [".env.example", "environment.md", "notes.txt", ".gitignore", "keys.md", "monkey.txt"]
+ALLOWED = [
+    ".env.example",
+    "environment.md",
+    "notes.txt",
+    ".gitignore",
+    "keys.md",
+    "monkey.txt",
+    "hosts.yml",  # a common name alone; gh/hosts.yml is refused
+]
 
 
 @pytest.fixture

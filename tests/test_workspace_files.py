@@ -13,6 +13,7 @@ import pytest
 
 from bub_bot.agent import ToolContext, default_registry
 from bub_bot.beneath import open_beneath
+from bub_bot.secrets import Scrubber
 from bub_bot.workspace_files import FileRefused, WorkspaceFiles
 
 OUTSIDE = "OUTSIDE-CONTENT-42"
@@ -165,3 +166,93 @@ async def test_fs_write_refuses_the_tape_database(store, tape, settings, tmp_pat
     for path in ("bothome/bub.db", "bothome/bub.db-wal", "bothome/other.txt"):
         ok, body = await registry.call(ctx, "fs_write", json.dumps({"path": path, "content": "x"}))
         assert not ok and "bub-bot's own data" in body, (path, body)
+
+
+# -- from the security branch (issue 18 §3, §4): coverage main's tests above do not have --
+
+
+def test_symlinks_inside_work_and_links_out_are_refused_for_reading(workspace: Path, outside: Path):
+    (workspace / "a" / "b").mkdir(parents=True)
+    (workspace / "a" / "b" / "f.txt").write_text("hello", encoding="utf-8")
+    os.symlink("b/f.txt", workspace / "a" / "rel_link")
+    os.symlink(workspace / "a" / "b", workspace / "abs_link")  # absolute, but inside
+    os.symlink("../outside/file.txt", workspace / "rel_out")
+    os.symlink(outside, workspace / "dir_out")
+    files = WorkspaceFiles(workspace)
+    assert files.read_bytes("a/rel_link", 100) == b"hello"
+    assert files.read_bytes("abs_link/f.txt", 100) == b"hello"
+    assert files.list_dir("a") == ["b/", "rel_link"]
+    for path in ("rel_out", "dir_out/file.txt"):
+        with pytest.raises(FileRefused, match="outside the workspace"):
+            files.read_bytes(path, 100)
+    with pytest.raises(FileRefused, match="outside the workspace"):
+        files.list_dir("dir_out")
+
+
+def test_reading_and_listing_bub_bots_own_data_are_refused(workspace: Path):
+    """BUB_HOME inside the workspace and the tape database (with its journals) are refused
+    for reading and listing too, not only for writing."""
+    home = workspace / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("x", encoding="utf-8")
+    (workspace / "tapes.db-wal").write_text("tapes", encoding="utf-8")
+    files = WorkspaceFiles(workspace, home=home, database=workspace / "tapes.db")
+    for path in ("home/notes.txt", "tapes.db-wal"):
+        with pytest.raises(FileRefused, match="own data"):
+            files.read_bytes(path, 100)
+    with pytest.raises(FileRefused, match="own data"):
+        files.list_dir("home")
+    assert "tapes.db-wal" in (files.list_dir(".") or [])  # the name still shows
+
+
+def test_a_directory_swapped_for_a_symlink_never_lists_outside(workspace: Path, outside: Path):
+    """fs.list under the same race as the read above: never the outside directory."""
+    files = WorkspaceFiles(workspace)
+    real = workspace / "d"
+    real.mkdir()
+    (real / "inside.txt").write_text("inside", encoding="utf-8")
+    spare = workspace / "d.real"
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            os.rename(real, spare)
+            os.symlink(outside, real)
+            os.unlink(real)
+            os.rename(spare, real)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    seen: dict[str, int] = {}
+    try:
+        for _ in range(3000):
+            try:
+                names = files.list_dir("d")
+            except FileRefused:
+                names = None
+            key = repr(names)
+            seen[key] = seen.get(key, 0) + 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert seen.get(repr(["inside.txt"]), 0) > 0  # the race really ran
+    assert set(seen) <= {repr(["inside.txt"]), "None"}, seen  # never outside's names
+
+
+async def test_fs_read_uses_the_agents_scrubber_and_refuses_hard_links(tape, settings, workspace):
+    """The tool scrubs with the scrubber the agent gave (every secret it knows, MCP servers'
+    too), and the hard-link refusal reaches the model as an error."""
+    (workspace / "notes.txt").write_text("token=SCRUB-ME-PLEASE here", encoding="utf-8")
+    (workspace / "linked.txt").write_text("x", encoding="utf-8")
+    os.link(workspace / "linked.txt", workspace / "linked2.txt")
+    ctx = ToolContext(
+        tape=tape,
+        workspace=workspace,
+        settings=settings(),
+        scrubber=Scrubber(["SCRUB-ME-PLEASE"]),
+    )
+    registry = default_registry()
+    ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "notes.txt"}))
+    assert ok and body == "token=[redacted] here"
+    ok, body = await registry.call(ctx, "fs.read", json.dumps({"path": "linked2.txt"}))
+    assert not ok and "hard links" in body

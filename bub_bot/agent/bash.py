@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..config import ConfigError, Settings
+from ..hardening import no_dump
 from .sandbox import (
     Availability,
     CommandSpec,
@@ -228,14 +229,10 @@ async def install_bash(registry: ToolRegistry, settings: Settings) -> Shell | No
             " (for one user's own machine only)"
         )
     elif found.backend.name == "landlock" and os.geteuid() != 0:
-        _not_dumpable()  # same uid as the commands: hide /proc/<bot>/environ from them
+        # Same uid as the commands: hide /proc/<bot>/environ from them (main() did it
+        # already for the `bub-bot` script; this covers a bot embedded another way).
+        no_dump()
     log.info("bash.sandbox backend=%s", found.describe())
     shell = Shell(settings, found)
     register_bash(registry, shell)
     return shell
-
-
-def _not_dumpable() -> None:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0

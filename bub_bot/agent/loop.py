@@ -373,7 +373,8 @@ class Agent:
             tool = self.tools.get(name, ctx.workspace)
             ok, result = await self.tools.call(ctx, name, call["function"].get("arguments", ""))
             result = self.scrub.value(result)  # before the tape, the spill and the model
-            self._notify("tool_call", {"tool": tool.name if tool else name, "ok": ok})
+            # A made-up name is "unknown": the model must not grow /metrics' label sets.
+            self._notify("tool_call", {"tool": tool.name if tool else "unknown", "ok": ok})
             text = spill.render(result)
             if not _utf8_ok(text):
                 # Lone surrogates (e.g. non-UTF-8 file names) cannot be stored as UTF-8 text.

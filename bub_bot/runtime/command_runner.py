@@ -177,7 +177,9 @@ class CommandRunner:
                 for group in TOOL_GROUPS
                 if group not in policy.groups
             }
-            return commands.tools_text(self.agent.tools, session.workspace, policy.groups, why_off)
+            # Scrubbed like a tool result: a server's reason may quote a configured value.
+            text = commands.tools_text(self.agent.tools, session.workspace, policy.groups, why_off)
+            return self.agent.scrub.text(text)
         if command.name == "skills":
             found = skills.catalog(session.workspace, self.settings.skills_dir)
             groups = self.agent.policies.for_session(session.id).groups

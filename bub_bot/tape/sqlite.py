@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from ..hardening import create_private_file, database_files, private_dir, private_files
 from . import sqlite_forks
 from .entries import TapeEntry, safe_text, utc_now
 from .forks import ForkPoint, Merged, lifecycle_events
@@ -69,11 +70,16 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
     async def _open(cls, path: str | Path) -> SQLiteTapeStore:
         location = str(path)
         if location != ":memory:":
+            database = Path(location).expanduser()
             try:
-                Path(location).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                # Every conversation's tape: the directory 0700 and the files 0600 (also
+                # the -wal/-shm SQLite makes, which take the database file's mode).
+                private_dir(database.parent)
+                create_private_file(database)
+                private_files(database_files(database))
             except OSError as exc:
                 raise TapeStoreError(f"cannot open tape database {location}: {exc}") from None
-            location = str(Path(location).expanduser())
+            location = str(database)
         try:
             conn = await aiosqlite.connect(location, isolation_level=None, timeout=10)
         except sqlite3.Error as exc:

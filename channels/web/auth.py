@@ -1,8 +1,11 @@
 """Access to the web chat and viewer: one token (Jupyter's rule), exchanged for a cookie.
 
 - `?token=<token>` on a page, or the login form, sets an HttpOnly, SameSite=Strict cookie
-  (an HMAC of the token, so the token itself never sits in the browser) and redirects to
-  the same page without the token in its URL.
+  (its issue time and an HMAC of it keyed with the token, so the token itself never sits in
+  the browser) and redirects to the same page without the token in its URL. The server
+  refuses a cookie older than BUB_WEB_LOGIN_MAX_AGE_SECONDS (a leaked one expires), and
+  marks it `Secure` when the browser uses https, also behind a trusted TLS-terminating
+  proxy (`forwarded.py`).
 - Scripts send `Authorization: Bearer <token>`.
 - Everything else gets 401: a login form for pages, JSON for the API.
 - State-changing requests must come from our own origin (Origin / Sec-Fetch-Site), on top
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
@@ -24,10 +28,13 @@ from urllib.parse import urlencode, urlsplit
 from aiohttp import web
 
 from .attempts import FailedAttempts, client_key
+from .forwarded import ForwardedProto
 from .render import login_page
 
 COOKIE = "bub_web"
-COOKIE_MAX_AGE = 30 * 24 * 3600
+COOKIE_MAX_AGE = 7 * 24 * 3600
+"""The default of BUB_WEB_LOGIN_MAX_AGE_SECONDS."""
+CLOCK_SKEW = 300
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 CSP = (
@@ -106,10 +113,40 @@ def _without_token(request: web.Request) -> str:
 class Access:
     """Checks requests against the one token the chat and the viewer share."""
 
-    def __init__(self, token: str, attempts: FailedAttempts | None = None) -> None:
+    def __init__(
+        self,
+        token: str,
+        attempts: FailedAttempts | None = None,
+        *,
+        max_age: int = COOKIE_MAX_AGE,
+        forwarded: ForwardedProto | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._token = token.encode()
-        self._cookie = hmac.new(self._token, b"bub-bot web session", hashlib.sha256).hexdigest()
         self.attempts = attempts or FailedAttempts()
+        self.max_age = max_age
+        self.forwarded = forwarded or ForwardedProto()
+        self.clock = clock
+
+    def _mac(self, issued: int) -> str:
+        message = b"bub-bot web session:" + str(issued).encode()
+        return hmac.new(self._token, message, hashlib.sha256).hexdigest()
+
+    def cookie_value(self) -> str:
+        """A new login cookie: `<issued unix time>.<HMAC of it keyed with the token>`."""
+        issued = int(self.clock())
+        return f"{issued}.{self._mac(issued)}"
+
+    def cookie_ok(self, value: str) -> bool:
+        """Whether `value` is a cookie we issued less than `max_age` seconds ago."""
+        issued_text, _, mac = value.partition(".")
+        if not issued_text.isascii() or not issued_text.isdigit() or len(issued_text) > 12:
+            return False
+        issued = int(issued_text)
+        if not hmac.compare_digest(_raw(mac), self._mac(issued).encode()):
+            return False
+        age = self.clock() - issued
+        return -CLOCK_SKEW <= age <= self.max_age
 
     def token_ok(self, given: str) -> bool:
         """Whether `given` is the token (constant time; any text, also undecodable bytes)."""
@@ -131,7 +168,7 @@ class Access:
     def authenticated(self, request: web.Request) -> Verdict:
         """Whether the request carries our cookie or a valid bearer token."""
         cookie = request.cookies.get(COOKIE)
-        if cookie and hmac.compare_digest(_raw(cookie), self._cookie.encode()):
+        if cookie and self.cookie_ok(cookie):
             return Verdict(True)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer "):
@@ -142,12 +179,12 @@ class Access:
         response = web.Response(status=303, headers={"Location": location})
         response.set_cookie(
             COOKIE,
-            self._cookie,
-            max_age=COOKIE_MAX_AGE,
+            self.cookie_value(),
+            max_age=self.max_age,
             path="/",
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=self.forwarded.https(request),
         )
         return secure(response)
 

@@ -24,6 +24,7 @@ from channels.base import DeliveryError, RuntimeLike
 
 from .auth import Access, secure
 from .chat import ChatRoutes
+from .forwarded import ForwardedProto
 from .hub import Hub
 from .relay import Relay
 from .runtime import WebRuntime
@@ -47,7 +48,11 @@ class WebChannel:
         # A token made up here (not by `Settings.with_web_token`) is shown in the start line.
         self.token_generated = token is None or settings.web_token_generated
         self.token = token or secrets.token_urlsafe(32)
-        self.access = Access(self.token)
+        self.access = Access(
+            self.token,
+            max_age=settings.web_login_max_age_seconds,
+            forwarded=ForwardedProto(settings.trusted_proxies, always=settings.web_cookie_secure),
+        )
         self.hub = Hub()
         self.relay = Relay(self.hub)
         self.runtime: WebRuntime | None = None

@@ -36,6 +36,7 @@ from bub_bot.config import MODEL_MISSING, Settings
 from bub_bot.tape import Tape
 from channels.base import Inbound, Sender
 
+from .attempts import client_key
 from .auth import secure
 from .history import Cursor, snapshot, tail
 from .hub import Hub, Subscription
@@ -88,6 +89,8 @@ class ChatRoutes:
         """The channel's name: inbound messages are this channel's."""
         self.uploads = Uploads(settings)
         """Files uploaded with messages, staged until the turn fetches them."""
+        self.streams: dict[str, int] = {}
+        """Open event streams per client address (BUB_WEB_MAX_STREAMS_PER_CLIENT)."""
 
     # -- helpers -------------------------------------------------------------------------------
     async def _tape(self, conversation: str) -> Tape:
@@ -263,6 +266,25 @@ class ChatRoutes:
         conversation = self._conversation(request)
         if conversation is None:
             return _error(404, "no such conversation")
+        client = client_key(request)
+        if self.streams.get(client, 0) >= self.settings.web_max_streams_per_client:
+            # Each stream holds a connection for good: one client must not hold them all.
+            return _error(
+                429,
+                f"too many open event streams from this client"
+                f" (BUB_WEB_MAX_STREAMS_PER_CLIENT={self.settings.web_max_streams_per_client})",
+            )
+        self.streams[client] = self.streams.get(client, 0) + 1
+        try:
+            return await self._events(request, conversation)
+        finally:
+            left = self.streams.get(client, 1) - 1
+            if left > 0:
+                self.streams[client] = left
+            else:
+                self.streams.pop(client, None)
+
+    async def _events(self, request: web.Request, conversation: str) -> web.StreamResponse:
         store = self.runtime().store
         name = (await self._tape(conversation)).name
         hub = self.hub

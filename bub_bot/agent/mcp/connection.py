@@ -33,6 +33,8 @@ BACKOFF_MAX = 60.0
 STABLE_SECONDS = 60.0
 """A connection that stayed up this long starts the backoff from the beginning again."""
 CLOSE_TIMEOUT = 10.0
+SHORT_REASON = 200
+"""Characters of the short reason /tools shows."""
 """Bound on closing one server (the SDK's stdio shutdown: stdin closed, 2 s, SIGTERM, 2 s,
 SIGKILL)."""
 MAX_TOOL_PAGES = 100
@@ -56,20 +58,29 @@ class McpConnection:
     """One running instance of a configured server (stdio: in one working directory)."""
 
     def __init__(
-        self, config: McpServerConfig, cwd: Path, on_change: Callable[[], None] = lambda: None
+        self,
+        config: McpServerConfig,
+        cwd: Path,
+        on_change: Callable[[], None] = lambda: None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.config = config
         self.cwd = cwd
         self.state = "starting"
         """starting -> ready -> down (restart pending) -> ... -> stopped."""
         self.error: str | None = None
+        """Why it is down, short and scrubbed, without the server's stderr (/tools)."""
+        self.error_detail: str | None = None
+        """The same with the stderr tail (scrubbed): for the log and `bub-bot doctor`."""
         self.tools: list[RemoteTool] = []
         """The last listed tools (kept while down, so a call can say why it fails)."""
         self.restarts = 0
         self.retry_at: float | None = None
         self.connected_at: float | None = None
         self._on_change = on_change
-        self._scrubber = Scrubber(config.secrets)
+        # The union of every server's secrets (and the bot's), when the manager gives it:
+        # server A's token coming out of server B is redacted too.
+        self._scrubber = scrubber if scrubber is not None else Scrubber(config.secrets)
         self._client: Any = None
         self._task: asyncio.Task[None] | None = None
         self._first = asyncio.Event()
@@ -84,7 +95,7 @@ class McpConnection:
         return self.config.name
 
     def scrub(self, text: str) -> str:
-        """`text` without this server's secrets (env and header values)."""
+        """`text` without the known secrets (every server's env and header values)."""
         return self._scrubber.text(text)
 
     def scrub_value(self, value: Any) -> Any:
@@ -134,21 +145,24 @@ class McpConnection:
                 break
             await self._evidence.settle()  # a dying server's last stderr lines
             if failure is not None:
-                reason = self._describe(failure)
+                short, reason = self._describe(failure, stderr=False), self._describe(failure)
             else:
-                reason = (
+                short = reason = (
                     "the server process exited (or closed its stdout)"
                     if self.config.transport == "stdio"
                     else "the server closed the session"
                 )
                 tail = self._evidence.tail()
                 if tail:
-                    reason += f"; {tail}"
+                    reason += f"; {self.scrub(tail)}"
+                http = self._evidence.tail(stderr=False)  # an HTTP status, never stderr
+                if http:
+                    short += f"; {self.scrub(http)}"
             if self._was_ready and time.monotonic() - started >= STABLE_SECONDS:
                 attempt = 0
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt) * random.uniform(0.8, 1.2)
             attempt += 1
-            self._set_down(reason, delay)
+            self._set_down(short, reason, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
             if not self._stop.is_set():
@@ -158,8 +172,10 @@ class McpConnection:
         self.state = "stopped"
         self._first.set()
 
-    def _set_down(self, reason: str, delay: float) -> None:
-        self.state, self.error = "down", reason
+    def _set_down(self, short: str, reason: str, delay: float) -> None:
+        """Down: `short` (no stderr) is what chat members may see in /tools; `reason`
+        (with the stderr tail, scrubbed) goes to the log and to `doctor`."""
+        self.state, self.error, self.error_detail = "down", short[:SHORT_REASON], reason
         self.retry_at = time.monotonic() + delay
         self._first.set()
         self._on_change()
@@ -194,6 +210,7 @@ class McpConnection:
                 self.tools = await self._list_tools(client)
                 self._client = client
                 self.state, self.error, self.connected_at = "ready", None, time.monotonic()
+                self.error_detail = None
                 self._was_ready = True
                 self._first.set()
                 self._on_change()
@@ -319,12 +336,18 @@ class McpConnection:
         except Exception as exc:
             if self.config.transport == "http" and is_transport_error(exc):
                 self._broken.set()
+            # The result goes to the model and the tape: no stderr tail (the log has it).
+            log.warning(
+                "mcp.call_failed server=%s tool=%s: %s", self.name, tool, self._describe(exc)
+            )
             raise ToolError(
-                f"MCP server {self.name!r} failed the call: {self._describe(exc)}"
+                f"MCP server {self.name!r} failed the call: {self._describe(exc, stderr=False)}"
             ) from None
 
-    def _describe(self, exc: BaseException) -> str:
-        """One line for an exception (groups unwrapped), secrets scrubbed."""
+    def _describe(self, exc: BaseException, *, stderr: bool = True) -> str:
+        """One line for an exception (groups unwrapped), secrets scrubbed; with the last
+        HTTP error, or the last stderr lines unless `stderr` is False (what chat members,
+        the model and the tape see: stderr may carry anything)."""
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         if isinstance(exc, FileNotFoundError) and self.config.transport == "stdio":
@@ -339,7 +362,7 @@ class McpConnection:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         if not isinstance(exc, FileNotFoundError):
-            tail = self._evidence.tail()
-            if tail:
-                text += f"; {tail}"
+            evidence = self._evidence.tail(stderr=stderr)
+            if evidence:
+                text += f"; {evidence}"
         return self.scrub(text)

@@ -22,6 +22,7 @@ from typing import Any
 import pydantic
 
 from ...mcp_config import McpServerConfig
+from ...secrets import Scrubber
 from ..tools import Tool, ToolContext, ToolError
 from .connection import McpConnection, RemoteTool
 from .results import error_text, result_value
@@ -149,8 +150,12 @@ class ServerOverview:
 class McpManager:
     """Every configured server's instances; offers the tools of the connected ones."""
 
-    def __init__(self, servers: list[McpServerConfig], workspace: Path) -> None:
+    def __init__(
+        self, servers: list[McpServerConfig], workspace: Path, scrubber: Scrubber | None = None
+    ) -> None:
         self.servers = servers
+        self.scrubber = scrubber or Scrubber(s for c in servers for s in c.secrets)
+        """One scrubber for every connection: the union of all servers' secrets."""
         self.workspace = workspace.resolve()
         self._connections: dict[tuple[str, Path | None], McpConnection] = {}
         self._tools: dict[tuple[str, Path | None], list[McpTool]] = {}
@@ -180,7 +185,7 @@ class McpManager:
             key = self._key(config, where)
             connection = self._connections.get(key)
             if connection is None and not self._closed:
-                connection = McpConnection(config, where, self._changed)
+                connection = McpConnection(config, where, self._changed, self.scrubber)
                 self._connections[key] = connection
                 connection.start()
             if connection is not None:

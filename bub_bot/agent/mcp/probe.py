@@ -20,7 +20,7 @@ async def probe_server(
     connection.start()
     try:
         await connection.wait_first(timeout)
-        state, error, tools = connection.state, connection.error, list(connection.tools)
+        state, error, tools = connection.state, connection.error_detail, list(connection.tools)
     finally:
         await connection.close()
     where = f"{config.transport} {config.target}"

@@ -80,10 +80,13 @@ class Evidence:
         if pump is not None and pump.is_alive():
             await asyncio.to_thread(pump.join, timeout)
 
-    def tail(self) -> str:
-        """The last HTTP error, or the last lines of stderr ("stderr: …"), on one line."""
+    def tail(self, stderr: bool = True) -> str:
+        """The last HTTP error, or the last lines of stderr ("stderr: …"), on one line
+        (`stderr=False`: the HTTP error only — stderr is for the log and `doctor`)."""
         if self.http_error:
             return self.http_error
+        if not stderr:
+            return ""
         last = " | ".join(line for line in list(self.lines)[-3:] if line.strip())[-500:]
         return f"stderr: {last}" if last else ""
 
