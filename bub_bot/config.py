@@ -277,6 +277,22 @@ class Settings(BaseSettings):
     slack_working_indicator: Literal["auto", "status", "reaction", "none"] = "auto"
     slack_rate_channel: str = "1/s"
 
+    # Files and voice (issue 24): attachments saved under the workspace's inbox/
+    attachment_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, le=2 * 1024**3)
+    attachment_inline_chars: int = Field(default=20_000, ge=0, le=1_000_000)
+    attachment_image_max_bytes: int = Field(default=5_000_000, ge=0)
+    model_images: bool = True
+    transcribe_model: str | None = "whisper-1"
+    transcribe_max_seconds: float = Field(default=900.0, gt=0)
+    slack_thread_history: int = Field(default=50, ge=0, le=1000)
+
+    @field_validator("transcribe_model", mode="before")
+    @classmethod
+    def _transcribe_off(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "0"):
+            return None
+        return value
+
     @field_validator(
         "telegram_rate_global", "telegram_rate_chat", "telegram_rate_group", "slack_rate_channel"
     )
