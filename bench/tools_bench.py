@@ -1,7 +1,11 @@
 """bash of `true` per sandbox backend against a bare subprocess (prints figures, asserts
 nothing). fs.write and web.fetch rows can be added beside these.
 
-    .venv/bin/python bench/tools_bench.py [--runs 200]
+    .venv/bin/python bench/tools_bench.py [--runs 200] [--files 0]
+
+`--files N`: the workspace holds N small files (100 per directory) first — as root, the
+workspace is handed over to the sandbox uid (a walk of the tree) once per start, not per
+command, so N should not change the p50.
 
 Timed: the `bash` tool through `ToolRegistry.call` (argument checks, the launch, the
 sandbox's set-up and teardown, reading the output, the result) for `true`; for comparison
@@ -43,7 +47,7 @@ async def bare(runs: int) -> list[float]:
     return times
 
 
-async def through_tool(backend: str, runs: int, home: Path) -> list[float] | str:
+async def through_tool(backend: str, runs: int, home: Path, files: int = 0) -> list[float] | str:
     from bub_bot.agent import ToolContext, ToolRegistry
     from bub_bot.agent.bash import install_bash
     from bub_bot.config import ConfigError, load_settings
@@ -51,6 +55,10 @@ async def through_tool(backend: str, runs: int, home: Path) -> list[float] | str
 
     ws = home / f"ws-{backend}"
     ws.mkdir(parents=True)
+    for n in range(files):
+        folder = ws / f"d{n // 100}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"f{n}").write_text("x")
     settings = load_settings(
         require_model=False, home=home, workspace=ws, shell_sandbox=backend, _env_file=None
     )
@@ -80,19 +88,20 @@ async def through_tool(backend: str, runs: int, home: Path) -> list[float] | str
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--files", type=int, default=0, help="files in the workspace first")
     args = parser.parse_args()
     import logging
 
     logging.basicConfig(level=logging.ERROR)
     base = await bare(args.runs)
     base_p50 = statistics.median(base)
-    print(f"bash `true`, {args.runs} runs each (ms)")
+    print(f"bash `true`, {args.runs} runs each (ms), {args.files} files in the workspace")
     print(f"{'':<22}{'p50':>8}{'p99':>8}{'overhead p50':>14}")
     print(f"{'bare subprocess':<22}{base_p50:>8.1f}{pct(base, 99):>8.1f}{'':>14}")
     with tempfile.TemporaryDirectory(prefix="bub-bench-") as tmp:
         Path(tmp).chmod(0o711)
         for backend in ("bwrap", "landlock"):
-            found = await through_tool(backend, args.runs, Path(tmp))
+            found = await through_tool(backend, args.runs, Path(tmp), args.files)
             if isinstance(found, str):
                 print(f"{'bash ' + backend:<22}  not available: {found[:200]}")
                 continue

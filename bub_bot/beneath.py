@@ -92,22 +92,28 @@ def open_beneath(dir_fd: int, parts: Sequence[str], flags: int = os.O_RDONLY) ->
     return _walk(dir_fd, parts, flags)
 
 
-def make_dirs_beneath(dir_fd: int, parts: Sequence[str], mode: int = 0o755) -> int:
+def make_dirs_beneath(
+    dir_fd: int, parts: Sequence[str], mode: int = 0o755, owner: int | None = None
+) -> int:
     """A descriptor of the directory `parts` beneath `dir_fd`, creating missing ones, each
-    opened with O_NOFOLLOW (a symlink on the way is an error, never followed)."""
+    opened with O_NOFOLLOW (a symlink on the way is an error, never followed). `owner`: the
+    uid (and gid) given the directories created here (through their fd)."""
     _check_parts(parts)
     fd = os.dup(dir_fd)
     try:
         for part in parts:
             try:
                 os.mkdir(part, mode, dir_fd=fd)
+                made = True
             except FileExistsError:
-                pass
+                made = False
             child = os.open(
                 part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
             )
             os.close(fd)
             fd = child
+            if made and owner is not None:
+                os.fchown(fd, owner, owner)
         return fd
     except BaseException:
         os.close(fd)

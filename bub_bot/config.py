@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import secrets
@@ -162,6 +163,10 @@ class Settings(BaseSettings):
     """The uid commands run as when the bot runs as root."""
     shell_max_jobs: int = Field(default=4, ge=0, le=100)
     """Background jobs running at once per conversation."""
+    # a uid per workspace for the sandbox (see workspace_uid below)
+    shell_uids: str = ""
+    """"LO-HI": as root, each workspace's commands run as their own uid of this range (empty:
+    all share BUB_SHELL_UID)."""
 
     # approvals in chat (bub_bot/approvals)
     approve: str = ""
@@ -281,6 +286,22 @@ class Settings(BaseSettings):
     slack_working_indicator: Literal["auto", "status", "reaction", "none"] = "auto"
     slack_rate_channel: str = "1/s"
 
+    # Files and voice (issue 24): attachments saved under the workspace's inbox/
+    attachment_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, le=2 * 1024**3)
+    attachment_inline_chars: int = Field(default=20_000, ge=0, le=1_000_000)
+    attachment_image_max_bytes: int = Field(default=5_000_000, ge=0)
+    model_images: bool = True
+    transcribe_model: str | None = "whisper-1"
+    transcribe_max_seconds: float = Field(default=900.0, gt=0)
+    slack_thread_history: int = Field(default=50, ge=0, le=1000)
+
+    @field_validator("transcribe_model", mode="before")
+    @classmethod
+    def _transcribe_off(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "0"):
+            return None
+        return value
+
     @field_validator(
         "telegram_rate_global", "telegram_rate_chat", "telegram_rate_group", "slack_rate_channel"
     )
@@ -297,6 +318,21 @@ class Settings(BaseSettings):
         if value == ["none"]:
             return []
         return check_groups(value, "BUB_TOOLS")
+
+    @field_validator("shell_uids")
+    @classmethod
+    def _check_shell_uids(cls, value: str) -> str:
+        uid_range(value)  # ValueError saying what is wrong
+        return value.strip()
+
+    @property
+    def shell_uid_range(self) -> tuple[int, int] | None:
+        """BUB_SHELL_UIDS as (LO, HI), None when unset."""
+        return uid_range(self.shell_uids)
+
+    def shell_uid_for(self, workspace: Path) -> int:
+        """The uid `workspace`'s commands run as when the bot runs as root."""
+        return workspace_uid(workspace, self.shell_uid, self.shell_uid_range)
 
     @field_validator("timezone")
     @classmethod
@@ -476,6 +512,42 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return self
+
+
+# A uid per workspace for the sandbox (BUB_SHELL_UIDS): which uid a workspace's commands run
+# as when the bot runs as root. By default every workspace shares BUB_SHELL_UID. Under Landlock (no user namespace) that
+# uid is real: a command of one conversation owns, by uid, every other workspace handed over to
+# it, so it can chmod and touch their files where it can reach them by path (Landlock does not
+# cover metadata changes), and RLIMIT_NPROC counts the processes of all of them together (one
+# conversation's fork bomb starves the others' commands). BUB_SHELL_UIDS="LO-HI" gives each
+# workspace its own uid in that range instead (a hash of its path: two workspaces may share one
+# when the range is small — choose it much larger than the number of workspaces). bubblewrap
+# still shows the command BUB_SHELL_UID inside its user namespace.
+UID_MIN, UID_MAX = 1000, 2**31 - 2
+
+
+def uid_range(value: str) -> tuple[int, int] | None:
+    """`"LO-HI"` as (LO, HI); "" as None; ValueError saying what is wrong otherwise."""
+    text = value.strip()
+    if not text:
+        return None
+    lo_text, dash, hi_text = text.partition("-")
+    if not dash or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
+        raise ValueError(f"expected LO-HI (two uids, e.g. 200000-299999), got {value!r}")
+    lo, hi = int(lo_text), int(hi_text)
+    if not UID_MIN <= lo <= hi <= UID_MAX:
+        raise ValueError(f"the range must satisfy {UID_MIN} <= LO <= HI <= {UID_MAX}")
+    return lo, hi
+
+
+def workspace_uid(workspace: Path, shared: int, uid_range: tuple[int, int] | None) -> int:
+    """The uid `workspace`'s commands run as: `shared` without a range, else one of the
+    range chosen by the workspace's resolved path (the same on every start)."""
+    if uid_range is None:
+        return shared
+    lo, hi = uid_range
+    digest = hashlib.sha256(str(workspace.resolve()).encode()).digest()
+    return lo + int.from_bytes(digest[:8], "big") % (hi - lo + 1)
 
 
 def _env_name(loc: tuple) -> str:

@@ -208,13 +208,14 @@ async def check_bash(settings: Settings) -> Result | None:
     import tempfile
     from pathlib import Path
 
+    from .agent.bash import probe_uid
     from .agent.sandbox import probe
 
     found = await probe(
         settings.shell_sandbox,
         settings.shell_bwrap,
         Path(tempfile.gettempdir()) / "bub-sandbox",
-        settings.shell_uid,
+        probe_uid(settings),
     )
     if found.backend is None:
         off = "" if settings.shell_sandbox != "auto" else " (bash is not offered)"

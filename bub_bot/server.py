@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from channels.base import Announces, Channel
+from channels.base import Announces, Channel, SendsFiles
 
 from .agent import Agent, ModelClient, ModelError, ModelReply, default_registry
 from .agent.bash import install_bash
 from .agent.schedule_tools import register_schedule_tools
+from .agent.send_file import register_send_file
 from .agent.subagent import register_subagent_tool
 from .config import MODEL_MISSING, ConfigError, Settings
 from .hardening import private_dir
 from .http_limits import ConnectionGuard, GuardedSite
 from .runtime import Runtime
+from .runtime.outfiles import OutFiles
 from .secrets import redact_url_passwords
 from .tape import TapeStore, open_store
 from .tape.leases import owner_id
@@ -104,6 +106,8 @@ class Bot:
         leases = store.leases(owner_id(), settings.lease_seconds)
         runtime = Runtime(settings, store, agent, {c.name: c for c in channels}, leases, clock)
         register_schedule_tools(agent.tools, runtime.schedules)
+        if any(isinstance(c, SendsFiles) for c in channels):
+            register_send_file(agent.tools, OutFiles(settings, runtime.channels))
         register_subagent_tool(agent.tools, runtime.subagents)
         if leases.shared:
             log.info("leases.shared owner=%s seconds=%g", leases.owner, settings.lease_seconds)

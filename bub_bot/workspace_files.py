@@ -41,17 +41,22 @@ class WorkspaceFiles:
     home: Path | None = None
     database: Path | None = None
     allow_hardlinks: bool = False
+    owner: int | None = None
+    """The uid (and gid) new files and directories are given (the bot runs as root and the
+    workspace's sandboxed commands as this uid: they must be able to change what the bot
+    wrote); None: the bot's own."""
 
     @classmethod
     def for_settings(cls, root: Path, settings: Any) -> WorkspaceFiles:
-        """The workspace `root` with the settings' `BUB_HOME`, tape database and
-        `BUB_FS_ALLOW_HARDLINKS`."""
+        """The workspace `root` with the settings' `BUB_HOME`, tape database,
+        `BUB_FS_ALLOW_HARDLINKS` and, as root with a bash sandbox, the sandbox uid."""
         database = settings.database_path
         return cls(
             root=root,
             home=settings.home.expanduser().resolve(),
             database=None if "://" in database else Path(database).expanduser().resolve(),
             allow_hardlinks=bool(getattr(settings, "fs_allow_hardlinks", False)),
+            owner=_sandbox_owner(root, settings),
         )
 
     # -- checking -------------------------------------------------------------------------
@@ -194,7 +199,7 @@ class WorkspaceFiles:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with self._root_fd() as root:
-                parent = make_dirs_beneath(root, parents)
+                parent = make_dirs_beneath(root, parents, owner=self.owner)
         except NotADirectoryError:
             raise FileRefused(f"a parent of {path!r} is a file, not a directory") from None
         except OSError as exc:
@@ -209,7 +214,7 @@ class WorkspaceFiles:
             if old is not None and not (stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode)):
                 raise FileRefused(f"{path!r} is not a regular file")
             mode = stat.S_IMODE(old.st_mode) if old and stat.S_ISREG(old.st_mode) else 0o644
-            _replace(parent, name, data, mode)
+            _replace(parent, name, data, mode, owner=self.owner)
             return old is not None
         finally:
             os.close(parent)
@@ -223,13 +228,13 @@ class WorkspaceFiles:
         parts = self.locate(directory)
         self.root.mkdir(parents=True, exist_ok=True)
         with self._root_fd() as root:
-            parent = make_dirs_beneath(root, parts)
+            parent = make_dirs_beneath(root, parts, owner=self.owner)
         try:
             stem, dot, ext = name.rpartition(".") if "." in name[1:] else (name, "", "")
             for n in range(1, 1000):
                 candidate = name if n == 1 else f"{stem}-{n}{dot}{ext}"
                 try:
-                    _replace(parent, candidate, data, 0o644, exclusive=True)
+                    _replace(parent, candidate, data, 0o644, exclusive=True, owner=self.owner)
                 except FileExistsError:
                     continue
                 return str(PurePosixPath(*parts, candidate))
@@ -238,10 +243,18 @@ class WorkspaceFiles:
             os.close(parent)
 
 
-def _replace(parent: int, name: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
+def _replace(
+    parent: int,
+    name: str,
+    data: bytes,
+    mode: int,
+    *,
+    exclusive: bool = False,
+    owner: int | None = None,
+) -> None:
     """Write `data` to a temporary file in `parent`, then rename it to `name` (a link for
     `exclusive`: FileExistsError when `name` exists). The rename never follows a symlink at
-    `name`: it replaces the link itself."""
+    `name`: it replaces the link itself. `owner`: the new file's uid and gid."""
     tmp = f".{name[:200]}.{_random.token_hex(6)}.tmp"
     fd = os.open(
         tmp,
@@ -255,6 +268,8 @@ def _replace(parent: int, name: str, data: bytes, mode: int, *, exclusive: bool 
             while view:
                 view = view[os.write(fd, view) :]
             os.fchmod(fd, mode)
+            if owner is not None:
+                os.fchown(fd, owner, owner)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -270,6 +285,23 @@ def _replace(parent: int, name: str, data: bytes, mode: int, *, exclusive: bool 
         except FileNotFoundError:
             pass
         raise
+
+
+def _sandbox_owner(root: Path, settings: Any) -> int | None:
+    """The uid the workspace's sandboxed commands run as, when the bot runs as root and the
+    workspace was handed over to it (its directory is that uid's: the sandbox does that once
+    per start, so what the bot writes later must be created for it); else None — also when
+    the commands run as root mapped in a user namespace (bubblewrap where the uid cannot
+    reach the workspace), which a file of another uid would be read-only to."""
+    if os.geteuid() != 0 or "bash" not in getattr(settings, "tools", ()):
+        return None
+    if getattr(settings, "shell_sandbox", "none") == "none":
+        return None
+    uid = int(settings.shell_uid_for(Path(root)))
+    try:
+        return uid if os.stat(root).st_uid == uid else None
+    except OSError:
+        return None
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -36,6 +36,94 @@ class Sender:
 
 
 @dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file that came with a message, as the platform describes it (nothing downloaded).
+
+    It is stored with the message before the platform is acknowledged; the runtime fetches
+    it in the turn through the channel (`FetchesFiles`), so a crash or a failed download is
+    retried on resume. Everything the sender chose (`name`, `mime`) is only a hint: the core
+    never uses it as a path and sniffs the type from the content."""
+
+    kind: str
+    """"file", "image", "voice", "audio" or "video"."""
+    ref: dict[str, Any]
+    """Opaque to the core, JSON-serialisable: what the channel needs to fetch the bytes
+    (Telegram file_id, Slack file id + url). Holds no secret."""
+    name: str = ""
+    mime: str = ""
+    size: int | None = None
+    duration: float | None = None
+    """Seconds, for voice/audio/video when the platform says."""
+    error: str = ""
+    """Set by the channel when it knows up front the file cannot be fetched (over the
+    platform's own download limit): the model gets this note instead."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The description stored in the message entry's meta."""
+        data: dict[str, Any] = {"kind": self.kind, "ref": self.ref, "name": self.name}
+        for key in ("mime", "size", "duration", "error"):
+            value = getattr(self, key)
+            if value not in (None, ""):
+                data[key] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attachment:
+        """The inverse of `to_json` (unknown keys ignored)."""
+        size = data.get("size")
+        duration = data.get("duration")
+        return cls(
+            kind=str(data.get("kind") or "file"),
+            ref=dict(data.get("ref") or {}),
+            name=str(data.get("name") or ""),
+            mime=str(data.get("mime") or ""),
+            size=int(size) if isinstance(size, int | float) else None,
+            duration=float(duration) if isinstance(duration, int | float) else None,
+            error=str(data.get("error") or ""),
+        )
+
+
+class FetchFailed(Exception):
+    """A file could not be fetched. `retry`: a later attempt may work (network, 5xx)."""
+
+    def __init__(self, reason: str, *, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry = retry
+
+
+@runtime_checkable
+class FetchesFiles(Protocol):
+    """Optional: a channel whose messages carry files (`Inbound.attachments`)."""
+
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """The file's bytes in chunks (an async generator). Raises `FetchFailed`; stops with
+        `FetchFailed` once more than `max_bytes` came (the caller also counts)."""
+
+
+@runtime_checkable
+class SendsFiles(Protocol):
+    """Optional: a channel that can post a file into a conversation (`send_file`)."""
+
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post `data` as file `name` to `target`; returns the platform ids. Raises
+        DeliveryError (not posted) or DeliveryUnknown (may have been posted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryMessage:
+    """A message from before the bot joined a conversation (a Slack thread it is first
+    mentioned in): put on the new tape before the message that brought the bot in."""
+
+    role: str
+    """"user", or "assistant" for the bot's own earlier messages."""
+    author: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     """One message from a chat platform, as the runtime stores it."""
 
@@ -62,6 +150,11 @@ class Inbound:
     """The session's workspace; None means `BUB_WORKSPACE`."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Extra platform facts to keep with the message (chat type, thread ids, ...)."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files that came with the message, fetched later in the turn (`FetchesFiles`)."""
+    history: tuple[HistoryMessage, ...] = ()
+    """What the conversation said before the bot was in it; written before the message,
+    only on a tape that has nothing on it yet."""
     sent_at: float | None = None
     """When the platform says the message was sent: UNIX seconds, UTC (Telegram `date`, Slack
     `ts`); None when it gives no time (slash commands, the terminal). Messages delivered late,

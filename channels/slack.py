@@ -33,7 +33,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -50,9 +50,12 @@ from bub_bot.commands import COMMANDS, strip_mention
 from bub_bot.config import ConfigError, Settings
 
 from . import slack_events
-from .base import DENIED, Inbound, RuntimeLike, Sender
+from .base import DENIED, HistoryMessage, Inbound, RuntimeLike, Sender
 from .slack_approvals import SlackApprovals
 from .slack_events import ACCEPTED_SUBTYPES, Rejected
+from .slack_files import SlackFiles
+from .slack_files import attachments as file_attachments
+from .slack_history import first_mention_history
 from .slack_outbox import SlackOutbox
 from .slack_stream import SlackStream
 
@@ -122,6 +125,7 @@ class SlackChannel:
         self.outbox = SlackOutbox(settings, self.client)
         self.approvals = SlackApprovals(self.outbox, lambda: self.team_id)
         """Approval requests with Block Kit buttons (channels/slack_approvals.py)."""
+        self.files = SlackFiles(token, self.api_url, self.client)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -326,6 +330,13 @@ class SlackChannel:
             return DENIED
         profile = event.get("user_profile") or {}
         name = profile.get("display_name") or profile.get("real_name") or event.get("username")
+        history: list[HistoryMessage] = []
+        if mentioned and not is_dm and thread_ts and thread_ts != ts:
+            ids = (self.bot_user_id, self.bot_id)
+            cap = self.settings.slack_thread_history
+            history = await first_mention_history(
+                self.client, runtime, session, channel, thread_ts, ts, cap, ids
+            )
         return Inbound(
             channel=self.name,
             session_id=session,
@@ -342,6 +353,8 @@ class SlackChannel:
                 "user": user,
             },
             extra_keys=(f"{channel}:{ts}",),
+            attachments=tuple(file_attachments(event.get("files") or [])),
+            history=tuple(history),
             bot_names=(self.mention,),
             meta={
                 "team": team,
@@ -434,6 +447,17 @@ class SlackChannel:
         await ack()
 
     # -- outbound (channels/slack_outbox.py) ------------------------------------------------
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post a file in the thread (`SendsFiles`): files.getUploadURLExternal, the upload,
+        files.completeUploadExternal."""
+        return await self.files.send(target, name, data, caption)
+
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A shared file's bytes (`FetchesFiles`), downloaded with the bot token."""
+        return self.files.fetch(ref, max_bytes)
+
     def split(self, text: str) -> list[str]:
         return self.outbox.split(text)
 

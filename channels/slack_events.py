@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .slack_files import clean_files
+
 MAX_CLOCK_SKEW = 300
 """Seconds a request's timestamp may differ from our clock (Slack's own rule: 5 minutes)."""
 MESSAGE_EVENTS = ("message", "app_mention")
@@ -282,6 +284,9 @@ def _message_event(event: dict[str, Any], kind: str) -> dict[str, Any]:
         ):
             raise fail("user_profile names are not strings")
         cleaned["user_profile"] = names
+    files = clean_files(event.get("files"))
+    if files:
+        cleaned["files"] = files
     return cleaned
 
 

@@ -46,9 +46,17 @@ from aiohttp import web
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import DENIED, DeliveryError, Inbound, RuntimeLike, Sender
+from .base import (
+    DENIED,
+    Attachment,
+    DeliveryError,
+    Inbound,
+    RuntimeLike,
+    Sender,
+)
 from .telegram_approvals import TelegramApprovals
-from .telegram_content import MessageReader, has_content
+from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
+from .telegram_files import TelegramFiles
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
 from .telegram_stream import Drafts, TelegramStream
@@ -103,6 +111,7 @@ class TelegramChannel:
         self._closing: asyncio.Future[None] | None = None
         self._migrated: dict[int, int] = {}
         self.reader = MessageReader(settings.telegram_max_image_bytes, self._api, self._scrub)
+        self._download_limit: int | None = BOT_DOWNLOAD_LIMIT
         self._background: set[asyncio.Task[None]] = set()
         """Moves learned while sending (kept referenced until they finish)."""
         self._hinted: dict[int, float] = {}
@@ -124,6 +133,8 @@ class TelegramChannel:
         self._drafts = Drafts()
         self._approvals = TelegramApprovals(self._outbox, self._route, self._api, self.name)
         """Approval requests with an inline keyboard (channels/telegram_approvals.py)."""
+        self.files = TelegramFiles(self._api, self._outbox, self._scrub)
+        """Files of messages (fetched in the turn) and files the bot sends."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -211,6 +222,16 @@ class TelegramChannel:
             await self._bot.set_my_commands(menu)
         except (TelegramAPIError, AiogramError) as exc:
             log.warning("telegram.set_my_commands failed: %s", self._scrub(exc))
+
+    def _attachments(self, message: Message) -> list[Attachment]:
+        found = attachments(message, self._download_limit)
+        if message.photo and (photo := self.reader.photo(message.photo)) is not None:
+            found.insert(0, photo)
+        return found
+
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A file of a message (`FetchesFiles`): getFile, then the file download path."""
+        return self.files.fetch(ref, max_bytes)
 
     @contextlib.asynccontextmanager
     async def _api(self) -> AsyncIterator[Bot]:
@@ -379,6 +400,7 @@ class TelegramChannel:
                 "chat_type": chat.type,
             },
             images=tuple(images),
+            attachments=tuple(self._attachments(message)),
             bot_names=bot_names,
             meta={"update_id": update_id, "chat_type": chat.type, "thread_id": thread},
         )
@@ -410,6 +432,14 @@ class TelegramChannel:
 
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
         return await self._outbox.send(target, piece)
+
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Post a file (`SendsFiles`): sendPhoto for a photo Telegram shows, else sendDocument."""
+        return await self.files.send(
+            self._route(int(target["chat_id"])), target, name, data, mime, caption
+        )
 
     def working(self, target: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[None]:
         return self._outbox.working(target)

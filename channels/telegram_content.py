@@ -4,17 +4,15 @@ message it replies to as context."""
 
 from __future__ import annotations
 
-import base64
 import logging
-import mimetypes
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import aiohttp
 from aiogram import Bot
-from aiogram.exceptions import AiogramError, TelegramAPIError
 from aiogram.types import Message, PhotoSize
+
+from .base import Attachment
 
 log = logging.getLogger("channels.telegram")
 
@@ -53,61 +51,97 @@ class MessageReader:
         return f"[In reply to {who}: {quoted}]"
 
     async def content(self, message: Message) -> tuple[str, list[str]]:
-        """The message's text (caption) with a placeholder for media; photos as data URLs."""
+        """The message's text (caption) with a placeholder for media that is not fetched;
+        photos and files are attachments (`attachments`), fetched in the turn."""
         caption = message.text or message.caption or ""
-        images: list[str] = []
         note = ""
         if message.photo:
-            url, note = await self._photo(message.photo)
-            if url:
-                images.append(url)
-        elif (
-            self.max_image_bytes > 0
-            and message.document
-            and (message.document.mime_type or "").startswith("image/")
-            and (message.document.file_size or 0) <= self.max_image_bytes
-        ):
-            url = await self._download(message.document.file_id, message.document.mime_type)
-            if url:
-                images.append(url)
-            else:
-                note = placeholder(message) or ""
-        else:
+            if self.photo(message.photo) is None:
+                note = self._photo_note(message.photo)
+        elif not attachments(message):
             note = placeholder(message) or ""
-        return "\n".join(p for p in (note, caption) if p), images
+        return "\n".join(p for p in (note, caption) if p), []
 
-    async def _photo(self, sizes: list[PhotoSize]) -> tuple[str | None, str]:
+    def photo(self, sizes: list[PhotoSize]) -> Attachment | None:
+        """The largest size of a photo the model may see (BUB_TELEGRAM_MAX_IMAGE_BYTES)."""
         cap = self.max_image_bytes
         if cap <= 0:
-            return None, "[photo]"
+            return None
         ordered = sorted(sizes, key=lambda p: p.width * p.height, reverse=True)
-        fitting = [p for p in ordered if p.file_size is None or p.file_size <= cap]
-        for size in fitting:
-            url = await self._download(size.file_id, None)
-            if url:
-                return url, ""
-        largest = ordered[0].file_size if ordered else None
-        if not fitting and largest:
-            return None, f"[photo, too large to show: {_bytes(largest)}]"
-        return None, "[photo that could not be downloaded]"
+        for size in ordered:
+            if size.file_size is None or size.file_size <= cap:
+                return Attachment(
+                    kind="image",
+                    ref={"file_id": size.file_id},
+                    name="photo",
+                    mime="image/jpeg",
+                    size=size.file_size,
+                )
+        return None
 
-    async def _download(self, file_id: str, mime: str | None) -> str | None:
-        """A file as a `data:` URL, or None if it is over the cap or cannot be fetched."""
-        cap = self.max_image_bytes
-        try:
-            async with self._api() as bot:
-                info = await bot.get_file(file_id)
-                if not info.file_path or (info.file_size or 0) > cap:
-                    return None
-                stream = await bot.download_file(info.file_path, timeout=30)
-        except (TelegramAPIError, AiogramError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("telegram.download failed: %s", self._scrub(exc))
-            return None
-        data = stream.read() if stream is not None else b""
-        if not data or len(data) > cap:
-            return None
-        kind = mime or mimetypes.guess_type(info.file_path)[0] or "image/jpeg"
-        return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+    def _photo_note(self, sizes: list[PhotoSize]) -> str:
+        if self.max_image_bytes <= 0:
+            return "[photo]"
+        largest = max(sizes, key=lambda p: p.width * p.height).file_size if sizes else None
+        return f"[photo, too large to show: {_bytes(largest)}]" if largest else "[photo]"
+
+
+BOT_DOWNLOAD_LIMIT = 20 * 1024 * 1024
+"""The Bot API's getFile refuses files over 20 MB (a local Bot API server does not)."""
+
+
+def attachments(message: Message, limit: int | None = BOT_DOWNLOAD_LIMIT) -> list[Attachment]:
+    """The files of a message the runtime fetches in the turn (nothing downloaded here):
+    documents, audio, voice notes and round videos. Photos stay on their own path."""
+    found: list[Attachment] = []
+    if message.document:
+        d = message.document
+        found.append(_attachment("file", d.file_id, d.file_name, d.mime_type, d.file_size, None))
+    if message.audio:
+        a = message.audio
+        name = a.file_name or " - ".join(p for p in (a.performer, a.title) if p)
+        found.append(_attachment("audio", a.file_id, name, a.mime_type, a.file_size, a.duration))
+    if message.voice:
+        v = message.voice
+        found.append(_attachment("voice", v.file_id, "", v.mime_type, v.file_size, v.duration))
+    if message.video_note:
+        v = message.video_note
+        found.append(_attachment("video", v.file_id, "round-video", None, v.file_size, v.duration))
+    if limit is not None:
+        found = [
+            a
+            if (a.size or 0) <= limit
+            else Attachment(
+                a.kind,
+                a.ref,
+                a.name,
+                a.mime,
+                a.size,
+                a.duration,
+                error=f"not downloaded: {_bytes(a.size)}, and Telegram bots cannot download"
+                " files over 20 MB (send a smaller file or a link)",
+            )
+            for a in found
+        ]
+    return found
+
+
+def _attachment(
+    kind: str,
+    file_id: str,
+    name: str | None,
+    mime: str | None,
+    size: int | None,
+    duration: int | None,
+) -> Attachment:
+    return Attachment(
+        kind=kind,
+        ref={"file_id": file_id},
+        name=name or "",
+        mime=mime or "",
+        size=size,
+        duration=float(duration) if duration is not None else None,
+    )
 
 
 def has_content(message: Message) -> bool:

@@ -96,6 +96,7 @@ async def test_no_secret_in_env_or_proc(bash: Bash, secrets_in_env: None) -> Non
     assert "BUB_" not in result["output"] and "OPENAI" not in result["output"]
     env = await bash.run("env | cut -d= -f1 | sort | tr '\\n' ' '")
     assert set(env["output"].split()) <= {
+        "GIT_CONFIG_NOSYSTEM",
         "HOME",
         "LANG",
         "PATH",

@@ -165,31 +165,34 @@ async def test_photo_reaches_the_model_as_an_image(
     start, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:
     h = await start(telegram_max_image_bytes=1000)
-    big, small = b"B" * 5000, b"\xff\xd8small-jpeg"
+    big, small = b"B" * 5000, b"\xff\xd8\xff\xe0small-jpeg"
     tg.add_file("P1", big, "photos/p1.jpg")
     tg.add_file("P1-0", small, "photos/p1-small.jpg")
     tg.push_update(
         tg.photo_message(USER, USER, "P1", sizes=[(90, 90, len(small)), (800, 800, len(big))], caption="what is it?")
     )  # fmt: skip
     await h.replies(USER, 1)
-    content = fake_openai.last_messages()[-1]["content"]
-    assert content[0] == {"type": "text", "text": "what is it?"}
-    url = content[1]["image_url"]["url"]
+    # The caption, then the photo (fetched in the turn, saved in inbox/), the largest size
+    # within BUB_TELEGRAM_MAX_IMAGE_BYTES.
+    caption, photo = fake_openai.last_messages()[-2:]
+    assert caption["content"] == "what is it?"
+    url = photo["content"][1]["image_url"]["url"]
     assert url == "data:image/jpeg;base64," + base64.b64encode(small).decode()
     # Only a size over the cap: the model is told a photo came, not shown it.
     tg.add_file("P2", big, "photos/p2.jpg")
     tg.push_update(tg.photo_message(USER, USER, "P2", sizes=[(800, 800, len(big))]))
     await h.replies(USER, 2)
     assert fake_openai.last_messages()[-1]["content"] == "[photo, too large to show: 5 KB]"
-    # Voice, documents, stickers: a placeholder the model can read.
-    voice = tg.message_update(
+    # A sticker: a placeholder the model can read (files: test_files_telegram.py).
+    sticker = tg.message_update(
         {"chat": {"id": USER, "type": "private", "first_name": "Ann"},
          "from": {"id": USER, "is_bot": False, "first_name": "Ann"},
-         "voice": {"file_id": "V", "file_unique_id": "v", "duration": 72, "file_size": 20480}}
+         "sticker": {"file_id": "S", "file_unique_id": "s", "type": "regular", "width": 1,
+                     "height": 1, "is_animated": False, "is_video": False, "emoji": "🙂"}}
     )  # fmt: skip
-    tg.push_update(voice)
+    tg.push_update(sticker)
     await h.replies(USER, 3)
-    assert fake_openai.last_messages()[-1]["content"] == "[voice message: 1:12, 20 KB]"
+    assert fake_openai.last_messages()[-1]["content"] == "[sticker: 🙂]"
 
 
 async def test_edited_messages_and_service_messages_are_ignored(

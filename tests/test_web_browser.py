@@ -354,4 +354,82 @@ async def test_approval_buttons(served: Served, logged_in: BrowserContext) -> No
     assert forged.status == 404
     unknown = await page.request.post(f"{base}/{'a' * 12}", data=press)
     assert unknown.status == 404
+
+
+async def test_files_by_button_and_by_drop_reach_the_model(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    page = await _chat_page(logged_in, served)
+    await page.set_input_files(
+        "#files", files=[{"name": "notes.csv", "mimeType": "text/csv", "buffer": b"a,b\n1,2\n"}]
+    )
+    await expect(page.locator("#attached")).to_contain_text("notes.csv")
+    await _say(page, "what is in it?")
+    await expect(page.locator("#messages .item.user").first).to_contain_text("what is in it?")
+    await expect(page.locator("#attached")).to_be_hidden()
+
+    def seen(needle: str) -> bool:
+        return any(needle in str(r.body.get("messages")) for r in served.fake.completion_requests())
+
+    for _ in range(200):
+        if seen("a,b\\n1,2"):
+            break
+        await asyncio.sleep(0.05)
+    assert seen("file: notes.csv — text/csv, 8 B, saved as inbox/")
+    # Drag and drop onto the composer, then send with no text: the file is the message.
+    await page.evaluate(
+        """() => {
+        const dt = new DataTransfer();
+        dt.items.add(new File(["dropped text\\n"], "drop.md", { type: "text/markdown" }));
+        const form = document.getElementById("composer");
+        form.dispatchEvent(new DragEvent("dragover", { dataTransfer: dt, bubbles: true }));
+        form.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true }));
+    }"""
+    )
+    await expect(page.locator("#attached")).to_contain_text("drop.md")
+    await page.press("#text", "Enter")
+    for _ in range(200):
+        if seen("dropped text"):
+            break
+        await asyncio.sleep(0.05)
+    assert seen("file: drop.md — text/markdown")
+    await page.close()
+
+
+async def test_a_file_the_bot_sends_is_a_download_link(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    page = await _chat_page(logged_in, served)
+    await page.set_input_files(
+        "#files", files=[{"name": "data.json", "mimeType": "application/json", "buffer": b"[1, 2]"}]
+    )
+    await _say(page, "keep this")
+    pattern = re.compile(r"saved as (inbox/[A-Za-z0-9._-]+\.json)")
+    path = None
+    for _ in range(200):
+        found = [
+            pattern.search(str(r.body.get("messages"))) for r in served.fake.completion_requests()
+        ]
+        path = next((m.group(1) for m in found if m), None)
+        if path:
+            break
+        await asyncio.sleep(0.05)
+    assert path is not None
+    await expect(page.locator("#messages .item.bot")).to_have_count(1)
+    served.fake.script(tool_calls([("send_file", {"path": path})]), text("there it is"))
+    await _say(page, "send it back")
+    link = page.locator("#messages .item.bot a[download]")
+    await expect(link).to_have_count(1)
+    await expect(link).to_contain_text(path.rsplit("/", 1)[1])
+    href = await link.get_attribute("href")
+    assert href is not None and href.startswith("/api/files/")
+    got = await page.request.get(served.base_url + href)
+    assert got.status == 200 and await got.body() == b"[1, 2]"
+    assert got.headers["content-disposition"].startswith("attachment;")
+    anonymous = await page.context.browser.new_context()  # type: ignore[union-attr]
+    try:
+        refused = await anonymous.request.get(served.base_url + href)
+        assert refused.status == 401  # behind the chat's token
+    finally:
+        await anonymous.close()
     await page.close()

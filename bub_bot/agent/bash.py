@@ -56,7 +56,9 @@ class Shell:
     def spec(self, ctx: ToolContext, cmd: str) -> CommandSpec:
         workspace = Path(ctx.workspace).resolve()
         workspace.mkdir(parents=True, exist_ok=True)
-        return CommandSpec(cmd, workspace, ctx.network, self.limits, self.settings.shell_uid)
+        shared = self.settings.shell_uid
+        uid = self.settings.shell_uid_for(workspace)
+        return CommandSpec(cmd, workspace, ctx.network, self.limits, uid, inside_uid=shared)
 
     def timeout(self, asked: float | None, default: float) -> float:
         most = self.settings.shell_timeout_max
@@ -214,7 +216,7 @@ async def install_bash(registry: ToolRegistry, settings: Settings) -> Shell | No
         return None
     # Not under BUB_HOME: the sandbox uid must be able to reach its TMPDIR by path.
     tmp_root = Path(tempfile.gettempdir()) / "bub-sandbox"
-    found = await probe(settings.shell_sandbox, settings.shell_bwrap, tmp_root, settings.shell_uid)
+    found = await probe(settings.shell_sandbox, settings.shell_bwrap, tmp_root, probe_uid(settings))
     if found.backend is None:
         why = found.why_missing()
         if settings.shell_sandbox != "auto":
@@ -236,3 +238,11 @@ async def install_bash(registry: ToolRegistry, settings: Settings) -> Shell | No
     shell = Shell(settings, found)
     register_bash(registry, shell)
     return shell
+
+
+def probe_uid(settings: Settings) -> int:
+    """The uid the start-up probe runs as: the top of BUB_SHELL_UIDS when set (a uid this
+    machine cannot switch to, as in a rootless container, then fails the probe, not a
+    command later), else BUB_SHELL_UID."""
+    found = settings.shell_uid_range
+    return found[1] if found else settings.shell_uid

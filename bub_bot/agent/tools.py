@@ -191,13 +191,15 @@ class ToolRegistry:
         return tool
 
     def tool(
-        self, name: str, *, model_visible: bool = True, spillable: bool = True
+        self, name: str, *, model_visible: bool = True, spillable: bool = True, group: str = ""
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-        """Register `async def fn(ctx, **typed_params)`; its docstring is the description."""
+        """Register `async def fn(ctx, **typed_params)`; its docstring is the description.
+        `group`: its tool group when the name does not say it (default: from the name)."""
 
         def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             description = inspect.cleandoc(fn.__doc__ or name)
-            self.add(Tool(name, description, _params_model(fn, name), fn, model_visible, spillable))
+            params = _params_model(fn, name)
+            self.add(Tool(name, description, params, fn, model_visible, spillable, group))
             return fn
 
         return register

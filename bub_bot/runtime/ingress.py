@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from channels.base import Inbound, Received
+from channels.base import Attachment, Inbound, Received
 
 from .. import commands
 from ..budgets import Budgets
-from ..tape import Tape, TapeEntry, TapeStore
+from ..tape import Counting, Tape, TapeEntry, TapeStore
 from .facts import command_name
 from .placement import Placement
 from .replicas import Replicas
@@ -42,6 +42,9 @@ class Arrival:
     keys: tuple[str, ...]
     """Dedupe keys, each unique forever (`<channel>:<platform id>`): any one recorded
     already makes this a duplicate."""
+    before: tuple[TapeEntry, ...] = ()
+    """Entries written before `entry` in its transaction when the tape is new (a thread's
+    history); dropped on a tape that has entries already."""
 
 
 def inbound_arrival(inbound: Inbound) -> Arrival:
@@ -60,6 +63,9 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         meta["platform"] = inbound.meta
     if inbound.sent_at is not None:
         meta["sent_at"] = inbound.sent_at
+    if inbound.attachments:
+        # Only the platform's description: the bytes are fetched in the turn (attachments.py).
+        meta["attachments"] = [a.to_json() for a in inbound.attachments]
     if command is not None:
         data = {**command.to_json(), "text": inbound.text, "bot_names": list(inbound.bot_names)}
         entry = TapeEntry.event("command", data, **meta)
@@ -68,16 +74,51 @@ def inbound_arrival(inbound: Inbound) -> Arrival:
         if inbound.images:
             content = [{"type": "text", "text": inbound.text or "(image)"}]
             content += [{"type": "image_url", "image_url": {"url": u}} for u in inbound.images]
+        elif inbound.attachments and not inbound.text:
+            content = ", ".join(_attachment_note(a) for a in inbound.attachments)
         entry = TapeEntry.message({"role": "user", "content": content}, **meta)
     keys = [f"{inbound.channel}:{inbound.delivery_key}"]
     keys += [f"{inbound.channel}:{k}" for k in inbound.extra_keys]
+    before = tuple(
+        TapeEntry.message(
+            {
+                "role": h.role,
+                "content": h.text if h.role == "assistant" else f"[{h.author}]: {h.text}",
+            },
+            history=True,
+            channel=inbound.channel,
+            author=h.author,
+        )
+        for h in inbound.history
+    )
     return Arrival(
         session_id=inbound.session_id,
         workspace=inbound.workspace,
         channel=inbound.channel,
         entry=entry,
         keys=tuple(keys),
+        before=before,
     )
+
+
+def _attachment_note(attachment: Attachment) -> str:
+    """What a message that is only a file says until the file is fetched in the turn."""
+    kind = "voice message" if attachment.kind == "voice" else attachment.kind
+    return f"[{kind}: {attachment.name}]" if attachment.name else f"[{kind}]"
+
+
+def _keep_history(counting: Counting | None, before: list[TapeEntry]) -> Counting | None:
+    """`counting` whose `decide` (a refused message and its notice) keeps the thread's
+    history in front: a refused mention still gives the new tape its thread."""
+    if counting is None or counting.decide is None or not before:
+        return counting
+    decide = counting.decide
+
+    def with_history(counts: list[int]) -> list[TapeEntry] | None:
+        replaced = decide(counts)
+        return None if replaced is None else [*before, *replaced]
+
+    return replace(counting, decide=with_history)
 
 
 class Ingress:
@@ -114,13 +155,16 @@ class Ingress:
         tape = (
             known.tape if known is not None else Tape.for_session(self.store, session_id, workspace)
         )
+        before = list(arrival.before)
+        if before and await self.store.query(tape.name, limit=1):
+            before = []  # the tape is the history from its first entry on
         counting = None
         if self.budgets is not None and arrival.entry.meta.get("origin") != "schedule":
             # A scheduled message is the operator's schedule, not a person writing: not rated.
-            counting = self.budgets.inbound(session_id, arrival.entry)
+            counting = _keep_history(self.budgets.inbound(session_id, arrival.entry), before)
         written = await self.store.append_many(
             tape.name,
-            [arrival.entry],
+            [*before, arrival.entry],
             dedupe_keys=arrival.keys,
             bootstrap=Tape.bootstrap_anchor(workspace),
             session_id=session_id,
@@ -135,7 +179,9 @@ class Ingress:
                 # acknowledged, so this is the platform's re-delivery): look at the session.
                 await self.replicas.claim(self.sessions.open(session_id, workspace))
             return Received(new=False)
-        entry = written[0]
+        entry = written[len(before)]  # the history first, a refusal's notice after it
+        if before:
+            log.info("inbound.history session=%s messages=%d", session_id, len(before))
         refused = entry.meta.get("refused")
         if refused:
             log.info(

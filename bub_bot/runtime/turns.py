@@ -15,7 +15,9 @@ from channels.base import Approvals, Channel
 from ..agent import Agent, Origin, Progress
 from ..approvals.requests import OpenRequest, is_decision, open_requests, settled_text
 from ..config import Settings
+from ..files.transcribe import Transcriber
 from ..tape import TapeEntry, TapeStore
+from .attachments import Attachments
 from .delivery import Delivery
 from .facts import REPLY_SENT, covered, head_through, is_barrier, is_pending
 from .session import Session
@@ -40,6 +42,14 @@ class TurnRunner:
         emit: Callable[..., None],
     ) -> None:
         self.settings = settings
+        self.attachments = Attachments(
+            settings,
+            store,
+            channels,
+            Transcriber(settings.transcribe_model, lambda: agent.model.client),
+            budgets=lambda: agent.budgets,
+        )
+        """Files that came with the messages, fetched in the turn (retried on resume)."""
         self.store = store
         self.agent = agent
         self.channels = channels
@@ -98,6 +108,7 @@ class TurnRunner:
             ]
 
         await self._carry_into_phase(session, messages, items)
+        await self.attachments.resolve(session, messages)
 
         # The reply is shown while it is written when the channel streams (streaming.py).
         shown = TurnStream(
@@ -209,9 +220,19 @@ class TurnRunner:
             via=str(meta.get("origin") or ""),
             payer=dict(meta.get("payer") or {}),
         )
+
+        async def before_step(step: int) -> None:
+            # Files on messages that arrived during the turn reach the model at its next
+            # step like their text does (the turn's own were fetched before step 1).
+            if step > 1:
+                fresh = await session.tape.query(after_id=head.id, kinds=["message"])
+                arrived = [e for e in hold_back(fresh) if e.meta.get("inbound")]
+                await self.attachments.resolve(session, arrived)
+
         try:
             result = await self.agent.run_turn(
                 session.tape,
+                before_step=before_step,
                 workspace=session.workspace,
                 entry_filter=hold_back,
                 turn_id=turn_id,

@@ -10,6 +10,7 @@ replicas, the `Relay` tells the others' pages too (`relay.py`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -28,6 +29,7 @@ from .hub import Hub
 from .relay import Relay
 from .runtime import WebRuntime
 from .stream import WebStream
+from .uploads import SentFiles
 from .usage_view import UsageViewer
 from .viewer import ViewerRoutes
 
@@ -57,6 +59,7 @@ class WebChannel:
         self.chat = ChatRoutes(
             settings, self.hub, self.relay, self.require_runtime, channel=self.name
         )
+        self.sent_files = SentFiles(settings)
         self.viewer = ViewerRoutes(settings, self.require_runtime) if settings.web_viewer else None
         self.usage = UsageViewer(self.require_runtime)
         self._static = {
@@ -101,6 +104,12 @@ class WebChannel:
                 "/api/conversations/{conversation}/approvals/{request}",
                 guard(chat.decide, api=True),
             ),
+            (
+                "POST",
+                "/api/conversations/{conversation}/files",
+                guard(chat.upload_file, api=True),
+            ),
+            ("GET", "/api/files/{file}", guard(self.sent_files.download, api=True)),
         ]
         if self.viewer is not None:
             viewer = self.viewer
@@ -114,6 +123,25 @@ class WebChannel:
                 ("GET", "/usage/sessions/{key}", guard(self.usage.session, api=False)),
             ]
         return found
+
+    async def send_file(
+        self, target: dict[str, Any], name: str, data: bytes, mime: str, caption: str | None
+    ) -> list[str]:
+        """Keep a file the bot sends (`SendsFiles`); the page shows a download link for it
+        (the `file.sent` entry names this id)."""
+        conversation = target.get("conversation")
+        if not isinstance(conversation, str) or not conversation:
+            raise DeliveryError("the reply target names no web conversation")
+        try:
+            file_id = await asyncio.to_thread(self.sent_files.keep, conversation, name, data)
+        except OSError as exc:
+            raise DeliveryError(f"the file could not be kept: {exc.strerror}") from exc
+        self.hub.notify(conversation)
+        return [file_id]
+
+    def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
+        """A file uploaded with a message (`FetchesFiles`)."""
+        return self.chat.uploads.fetch(ref, max_bytes)
 
     def split(self, text: str) -> list[str]:
         # The page has no length limit: one answer is one piece.

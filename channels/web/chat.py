@@ -53,6 +53,7 @@ from .hub import Hub, Subscription
 from .relay import Relay
 from .render import attrs, page
 from .runtime import WebRuntime
+from .uploads import Uploads
 
 log = logging.getLogger("channels.web")
 
@@ -96,6 +97,8 @@ class ChatRoutes:
         """The runtime, once started (else it raises 503: `WebChannel.require_runtime`)."""
         self.channel = channel
         """The channel's name: inbound messages are this channel's."""
+        self.uploads = Uploads(settings)
+        """Files uploaded with messages, staged until the turn fetches them."""
         self.streams: dict[str, int] = {}
         """Open event streams per client address (BUB_WEB_MAX_STREAMS_PER_CLIENT)."""
 
@@ -132,8 +135,11 @@ class ChatRoutes:
             '<div id="working" class="working" hidden>bub is working…</div>'
             '<form id="composer" class="composer" autocomplete="off">'
             '<textarea id="text" name="text" rows="2" placeholder="Message bub (Enter sends,'
-            ' Shift+Enter for a new line)" required></textarea>'
-            '<button type="submit" id="send">Send</button></form>'
+            ' Shift+Enter for a new line)"></textarea>'
+            '<label class="attach" title="Attach files (or drop them here)">&#128206;'
+            '<input type="file" id="files" multiple hidden></label>'
+            '<button type="submit" id="send">Send</button>'
+            '<div id="attached" class="attached" hidden></div></form>'
             f'<p class="hint">{escape(COMMANDS_HINT)}</p></main></div>'
         )
         model = "ok" if settings.model_configured else "missing"
@@ -180,6 +186,13 @@ class ChatRoutes:
         return web.json_response({"id": secrets.token_urlsafe(12)}, status=201)
 
     # -- messages ----------------------------------------------------------------------------
+    async def upload_file(self, request: web.Request) -> web.StreamResponse:
+        """Stage a file for a message of this conversation (see uploads.py)."""
+        conversation = self._conversation(request)
+        if conversation is None:
+            return _error(404, "no such conversation")
+        return await self.uploads.receive(request, conversation)
+
     async def post_message(self, request: web.Request) -> web.StreamResponse:
         """Store a message (or command) durably, then acknowledge; the answer comes as an event.
 
@@ -198,7 +211,10 @@ class ChatRoutes:
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object")
         text, client_id = body.get("text"), body.get("client_id")
-        if not isinstance(text, str) or not text.strip():
+        files = self.uploads.attachments(conversation, body.get("files"))
+        if isinstance(files, str):
+            return _error(400, files)
+        if not isinstance(text, str) or not (text.strip() or files):
             return _error(400, "text is missing or empty")
         if len(text) > MAX_TEXT:
             return _error(413, f"text is longer than {MAX_TEXT} characters")
@@ -213,6 +229,7 @@ class ChatRoutes:
             sender=Sender(id="web", name="web user"),
             text=text,
             reply_target={"conversation": conversation},
+            attachments=tuple(files),
         )
         try:
             received = await runtime.receive(inbound)

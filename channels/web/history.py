@@ -37,6 +37,7 @@ CHAT_NAMES = (
     "schedule.notice",
     "approval.request",
     "approval.closed",
+    "file.sent",
 )
 
 
@@ -133,6 +134,12 @@ def chat_item(entry: TapeEntry) -> dict[str, Any] | None:
             }
         if name in ("command.done", "command.result"):
             return {**base, "kind": "bot", "html": plain(text)}
+        if name == "file.sent" and data.get("ids"):
+            # A file the bot sent (send_file): a download link behind the page's token.
+            file_id = str(data["ids"][0])
+            label = escape(f"📎 {data.get('name', 'file')}")
+            html = f'<a href="/api/files/{escape(file_id)}" download>{label}</a>'
+            return {**base, "kind": "bot", "html": html}
         if name in ("turn.notice", "inbound.expired", "schedule.notice"):
             return {**base, "kind": "notice", "html": plain(text)}
         if name == "approval.request":

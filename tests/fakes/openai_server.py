@@ -25,6 +25,8 @@ trickles in).
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import itertools
 import json
 import re
@@ -38,6 +40,7 @@ from aiohttp import web
 
 COMPLETIONS_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 _BODY = web.RequestKey("body", dict)
 
 
@@ -395,6 +398,15 @@ class FakeOpenAI:
         self._ids = itertools.count(1)
         self._call_ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
+        self.transcripts: dict[bytes, str] = {}
+        """Audio bytes -> the transcript `/v1/audio/transcriptions` answers (else a default
+        naming the size)."""
+        self.transcriptions: list[tuple[str, str, bytes]] = []
+        """(model, file name, bytes) of every transcription request."""
+        self.transcribe_failures = 0
+        """Answer the next N transcription requests with a 500."""
+        self.transcribe_missing = False
+        """Answer transcription requests with a 404 (a provider without the endpoint)."""
 
     def script(self, *replies: Reply) -> None:
         """Append replies to the FIFO queue."""
@@ -413,6 +425,7 @@ class FakeOpenAI:
         app = web.Application(middlewares=[self._record_and_auth])
         app.router.add_post(COMPLETIONS_PATH, self._completions)
         app.router.add_get(MODELS_PATH, self._list_models)
+        app.router.add_post(TRANSCRIPTIONS_PATH, self._transcriptions)
         self._runner = web.AppRunner(
             app, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.1
         )
@@ -451,6 +464,31 @@ class FakeOpenAI:
                 _err(msg, "invalid_request_error", "invalid_api_key"), status=401
             )
         return await handler(request)
+
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """OpenAI's multipart transcription request: fields `model` and `file`."""
+        if self.transcribe_missing:
+            return web.json_response(_err("Not found", "invalid_request_error", None), status=404)
+        if self.transcribe_failures > 0:
+            self.transcribe_failures -= 1
+            return web.json_response(_err("overloaded", "server_error", None), status=500)
+        raw = await request.read()
+        head = f"Content-Type: {request.headers.get('Content-Type', '')}\r\n\r\n".encode()
+        parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
+        fields: dict[str, tuple[str, bytes]] = {}
+        for part in parsed.iter_parts():
+            name = part.get_param("name", header="content-disposition") or ""
+            fields[str(name)] = (part.get_filename() or "", part.get_payload(decode=True) or b"")
+        model = fields.get("model", ("", b""))[1].decode()
+        filename, data = fields.get("file", ("", b""))
+        if not data or not model:
+            return web.json_response(
+                _err("file and model required", "invalid_request_error", None), status=400
+            )
+        self.transcriptions.append((model, filename, data))
+        return web.json_response(
+            {"text": self.transcripts.get(data, f"words of {len(data)} bytes")}
+        )
 
     async def _list_models(self, request: web.Request) -> web.Response:
         data = [

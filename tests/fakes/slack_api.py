@@ -94,6 +94,22 @@ class FakeSlack:
         self.ack_messages: dict[str, Params] = {}
         self.users: dict[str, Params] = {}
         self.channels: dict[str, Params] = {}
+        self.files: dict[str, tuple[bytes, Params]] = {}
+        """File id -> (bytes, file object) served at ``/files-pri/<team>-<id>/download/<name>``
+        with the bot token as a bearer (``add_file``); ``files.info`` answers the object."""
+        self.file_downloads: list[tuple[str, str | None]] = []
+        """(file id, Authorization header) of every download attempt."""
+        self.file_failures = 0
+        """Answer the next N downloads with a 500."""
+        self.threads: dict[tuple[str, str], list[Params]] = defaultdict(list)
+        """(channel, thread_ts) -> the thread's messages, root first, for
+        ``conversations.replies`` (paged by ``limit`` with a ``next_cursor``)."""
+        self.uploads: list[Params] = []
+        """Files the bot posted (external upload, completed): filename, data, channel_id,
+        thread_ts, initial_comment."""
+        self._pending_uploads: dict[str, Params] = {}
+        self.files_scope = True
+        """False: the bot token lacks `files:read` (downloads get the sign-in page)."""
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._tickets: set[str] = set()
         self._sockets: set[web.WebSocketResponse] = set()
@@ -117,6 +133,10 @@ class FakeSlack:
             "conversations.info": self._conversations_info,
             "users.info": self._users_info,
             "apps.connections.open": self._connections_open,
+            "files.info": self._files_info,
+            "conversations.replies": self._replies,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
         }
 
     # ---------------------------------------------------------------- lifecycle
@@ -124,8 +144,11 @@ class FakeSlack:
         """Start listening on 127.0.0.1 with an OS-assigned port."""
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
+        app.router.add_get("/api/{method}", self._api)  # files.info and others the SDK GETs
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/respond/{key}", self._respond)
+        app.router.add_get("/files-pri/{team}-{file_id}/download/{name}", self._download)
+        app.router.add_post("/upload/{file_id}", self._receive_upload)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -153,6 +176,103 @@ class FakeSlack:
     def api_url(self) -> str:
         """Web API base URL as ``AsyncWebClient(base_url=...)`` expects it."""
         return f"{self.base_url}/api/"
+
+    def add_file(self, file_id: str, data: bytes, name: str, mimetype: str = "") -> Params:
+        """Register a file; returns its file object as events carry it (``files`` items)."""
+        obj: Params = {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype or "application/octet-stream",
+            "filetype": name.rsplit(".", 1)[-1] if "." in name else "binary",
+            "size": len(data),
+            "url_private": f"{self.base_url}/files-pri/{self.team_id}-{file_id}/{name}",
+            "url_private_download": (
+                f"{self.base_url}/files-pri/{self.team_id}-{file_id}/download/{name}"
+            ),
+            "mode": "hosted",
+        }
+        self.files[file_id] = (data, obj)
+        return obj
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        file_id = request.match_info["file_id"]
+        auth = request.headers.get("Authorization")
+        self.file_downloads.append((file_id, auth))
+        if self.file_failures > 0:
+            self.file_failures -= 1
+            return web.Response(status=500, text="try again")
+        if auth != f"Bearer {self.bot_token}" or file_id not in self.files or not self.files_scope:
+            # What Slack does without a valid token: a sign-in page, status 200.
+            return web.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
+        data, obj = self.files[file_id]
+        return web.Response(body=data, content_type=obj["mimetype"])
+
+    def add_to_thread(
+        self, channel: str, thread_ts: str, user: str, text: str, *, bot_id: str | None = None
+    ) -> str:
+        """Record a message in a thread (as if posted before the bot was there); its ts."""
+        ts = thread_ts if not self.threads[(channel, thread_ts)] else self.next_ts()
+        message: Params = {"type": "message", "user": user, "text": text, "ts": ts}
+        if ts != thread_ts:
+            message["thread_ts"] = thread_ts
+        if bot_id:
+            message["bot_id"] = bot_id
+        self.threads[(channel, thread_ts)].append(message)
+        return ts
+
+    async def _replies(self, params: Params) -> Params:
+        self._require(params, "channel", "ts")
+        thread = self.threads.get((str(params["channel"]), str(params["ts"])))
+        if not thread:
+            raise SlackError("thread_not_found")
+        start = int(params.get("cursor") or 0)
+        limit = int(params.get("limit") or 100)
+        page = thread[start : start + limit]
+        more = start + limit < len(thread)
+        meta = {"next_cursor": str(start + limit) if more else ""}
+        return {"messages": page, "has_more": more, "response_metadata": meta}
+
+    async def _upload_url(self, params: Params) -> Params:
+        self._require(params, "filename", "length")
+        file_id = f"FU{len(self._pending_uploads) + 1:06d}"
+        self._pending_uploads[file_id] = {"filename": params["filename"], "data": None}
+        self._pending_uploads[file_id]["length"] = int(params["length"])
+        return {"upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}
+
+    async def _receive_upload(self, request: web.Request) -> web.Response:
+        pending = self._pending_uploads.get(request.match_info["file_id"])
+        if pending is None:
+            return web.Response(status=404)
+        data = await request.read()
+        if len(data) != pending["length"]:
+            return web.Response(status=400, text="length mismatch")
+        pending["data"] = data
+        return web.Response(text="OK - " + str(len(data)))
+
+    async def _complete_upload(self, params: Params) -> Params:
+        files = params.get("files")
+        files = json.loads(files) if isinstance(files, str) else files
+        if not isinstance(files, list) or not files:
+            raise SlackError("invalid_arguments")
+        done = []
+        for f in files:
+            pending = self._pending_uploads.get(str(f.get("id")))
+            if pending is None or pending["data"] is None:
+                raise SlackError("file_not_found")
+            self.uploads.append({
+                "filename": pending["filename"], "data": pending["data"],
+                "channel_id": params.get("channel_id"), "thread_ts": params.get("thread_ts"),
+                "initial_comment": params.get("initial_comment"), "title": f.get("title"),
+            })  # fmt: skip
+            done.append({"id": f["id"], "name": pending["filename"]})
+        return {"files": done}
+
+    async def _files_info(self, params: Params) -> Params:
+        file_id = str(params.get("file") or "")
+        if file_id not in self.files:
+            raise SlackError("file_not_found")
+        return {"file": self.files[file_id][1]}
 
     def response_url(self, key: str = "1") -> str:
         """A ``response_url`` served by this fake; posts land in ``self.responses``."""
@@ -608,11 +728,12 @@ def app_mention(
     thread_ts: str | None = None,
     event_id: str | None = None,
     bot_user_id: str = DEFAULT_BOT_USER_ID,
+    files: list[Params] | None = None,
 ) -> Params:
     """An ``app_mention`` event callback; prefixes ``<@bot>`` if ``text`` lacks it."""
     mention = f"<@{bot_user_id}>"
     text = text if mention in text else f"{mention} {text}"
-    event = _message_event("app_mention", channel, user, text, ts, thread_ts=thread_ts)
+    event = _message_event("app_mention", channel, user, text, ts, thread_ts=thread_ts, files=files)
     return event_callback(event, event_id=event_id, bot_user_id=bot_user_id)
 
 
@@ -626,9 +747,11 @@ def channel_message(
     subtype: str | None = None,
     bot_id: str | None = None,
     event_id: str | None = None,
+    files: list[Params] | None = None,
 ) -> Params:
-    """A ``message`` event callback (``message.channels`` style)."""
-    extra = {"thread_ts": thread_ts, "subtype": subtype, "bot_id": bot_id}
+    """A ``message`` event callback (``message.channels`` style); with ``files`` (and
+    subtype ``file_share``) a message that shares files."""
+    extra = {"thread_ts": thread_ts, "subtype": subtype, "bot_id": bot_id, "files": files}
     event = _message_event("message", channel, user, text, ts, channel_type=channel_type, **extra)
     return event_callback(event, event_id=event_id)
 
@@ -640,9 +763,13 @@ def dm_message(
     ts: str,
     thread_ts: str | None = None,
     event_id: str | None = None,
+    files: list[Params] | None = None,
 ) -> Params:
     """A direct-message ``message`` event callback (``channel_type`` ``im``)."""
-    return channel_message(channel, user, text, ts, thread_ts, channel_type="im", event_id=event_id)
+    subtype = "file_share" if files else None
+    return channel_message(
+        channel, user, text, ts, thread_ts, "im", subtype, event_id=event_id, files=files
+    )
 
 
 def url_verification(challenge: str) -> Params:

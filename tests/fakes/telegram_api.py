@@ -300,6 +300,16 @@ class FakeTelegram:
         self.deleted: list[tuple[int, int]] = []
         self.bot_message_ids: dict[int, list[int]] = defaultdict(list)
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.file_downloads: list[str] = []
+        """File paths downloaded (``/file/bot<token>/<path>``), in order."""
+        self.file_failures = 0
+        """Answer the next N file downloads with a 500."""
+        self.file_stall: int | None = None
+        """Send only this many bytes of a download, then hold it until `file_release` is
+        set (a download cut by a crash)."""
+        self.file_release = asyncio.Event()
+        self.files_sent: list[Params] = []
+        """Files the bot posted: {method, message, file_name, data}."""
         self.commands: dict[str, list[Params]] = {}
         self.webhook: Params = {"url": ""}
         self.webhook_last_error: str | None = None
@@ -328,6 +338,8 @@ class FakeTelegram:
             "getWebhookInfo": self._get_webhook_info,
             "getFile": self._get_file,
             "answerCallbackQuery": self._answer_callback_query,
+            "sendDocument": self._send_file,
+            "sendPhoto": self._send_file,
         }
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -417,6 +429,35 @@ class FakeTelegram:
     def add_file(self, file_id: str, data: bytes, file_path: str | None = None) -> None:
         """Register bytes served by getFile + ``/file/bot<token>/<file_path>``."""
         self.files[file_id] = (data, file_path or f"documents/{file_id}")
+
+    def file_message(
+        self,
+        user_id: int,
+        kind: str,
+        file_id: str,
+        data: bytes,
+        caption: str | None = None,
+        **fields: Any,
+    ) -> Params:
+        """A private message with a `document`/`audio`/`voice`/`video_note` carrying `data`
+        (registered for getFile); `fields` add to the file object (file_name, mime_type,
+        duration, file_size to claim another size)."""
+        self.add_file(file_id, data, f"{kind}s/{file_id}")
+        media: Params = {"file_id": file_id, "file_unique_id": f"u{file_id}"}
+        media["file_size"] = len(data)
+        if kind in ("voice", "audio", "video_note"):
+            media["duration"] = 1
+        if kind == "video_note":
+            media["length"] = 240
+        media.update(fields)
+        message: Params = {
+            "chat": self._private_chat(user_id, "Ann", None),
+            "from": self._user(user_id, "Ann", None),
+            kind: media,
+        }
+        if caption is not None:
+            message["caption"] = caption
+        return self.message_update(message)
 
     def sent_to(self, chat_id: int, thread_id: int | None = None) -> list[Params]:
         """Messages the bot sent to ``chat_id`` (and topic ``thread_id`` if given)."""
@@ -651,7 +692,17 @@ class FakeTelegram:
         if request.content_type == "application/json":
             raw.update(await request.json())
         elif request.can_read_body:
-            raw.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
+            form = await request.post()
+            raw.update({k: v for k, v in form.items() if isinstance(v, str)})
+            uploads = {k: v for k, v in form.items() if isinstance(v, web.FileField)}
+            for key, value in list(raw.items()):
+                if isinstance(value, str) and value.startswith("attach://"):
+                    upload = uploads.get(value.removeprefix("attach://"))
+                    if upload is not None:
+                        raw[key] = {"file_name": upload.filename, "data": upload.file.read()}
+            for key, upload in uploads.items():
+                if key in ("document", "photo"):
+                    raw[key] = {"file_name": upload.filename, "data": upload.file.read()}
         params = {k: _decode(k, v) for k, v in raw.items()}
         self.calls.append((method, params))
         self.call_times.append(time.monotonic())
@@ -683,12 +734,28 @@ class FakeTelegram:
             request.transport.abort()
         raise asyncio.CancelledError  # aiohttp gives up on the request; the client sees a disconnect
 
+    async def _stalled(self, request: web.Request, data: bytes, cut: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        resp.content_type = "application/octet-stream"
+        await resp.prepare(request)
+        await resp.write(data[:cut])
+        await self.file_release.wait()
+        await resp.write(data[cut:])
+        await resp.write_eof()
+        return resp
+
     async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         if request.match_info["token"] != self.token:
             return web.json_response(ApiError(401, "Unauthorized").payload(), status=401)
         path = request.match_info["file_path"]
+        self.file_downloads.append(path)
+        if self.file_failures > 0:
+            self.file_failures -= 1
+            return web.json_response(ApiError(500, "Internal Server Error").payload(), status=500)
         for data, file_path in self.files.values():
             if file_path == path:
+                if self.file_stall is not None:
+                    return await self._stalled(request, data, self.file_stall)
                 return web.Response(body=data, content_type="application/octet-stream")
         return web.json_response(ApiError(404, "Not Found").payload(), status=404)
 
@@ -761,6 +828,34 @@ class FakeTelegram:
         self.messages[(chat["id"], msg["message_id"])] = msg
         self.bot_message_ids[chat["id"]].append(msg["message_id"])
         self.sent.append(msg)
+        return msg
+
+    async def _send_file(self, p: Params) -> Params:
+        """sendDocument / sendPhoto with an uploaded file: recorded in ``files_sent``."""
+        chat = self._chat_for(p.get("chat_id"))
+        kind = "photo" if "photo" in p else "document"
+        upload = p.get(kind)
+        if not isinstance(upload, dict) or not upload.get("data"):
+            raise ApiError(400, f"Bad Request: there is no {kind} in the request")
+        caption = p.get("caption")
+        if caption is not None and len(str(caption)) > 1024:
+            raise ApiError(400, "Bad Request: message caption is too long")
+        msg: Params = {"message_id": self._alloc_mid(chat["id"]), "from": self._bot_user()}
+        msg |= {"chat": chat, "date": int(time.time())}
+        if p.get("message_thread_id") is not None:
+            msg["message_thread_id"] = int(p["message_thread_id"])
+        if caption is not None:
+            msg["caption"] = caption
+        file_id = f"sent-{msg['message_id']}"
+        if kind == "photo":
+            msg["photo"] = [
+                {"file_id": file_id, "file_unique_id": file_id, "width": 1, "height": 1}
+            ]
+        else:
+            msg["document"] = {"file_id": file_id, "file_unique_id": file_id,
+                               "file_name": upload["file_name"]}  # fmt: skip
+        self.messages[(chat["id"], msg["message_id"])] = msg
+        self.files_sent.append({"method": kind, "message": msg, **upload})
         return msg
 
     async def _edit_message_text(self, p: Params) -> Params:

@@ -10,6 +10,11 @@ MINIMAL_PATH = "/usr/local/bin:/usr/bin:/bin"
 LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 """The environment the launcher itself (bwrap, the helper) gets: never the bot's."""
 
+SANDBOX_ENV = {"GIT_CONFIG_NOSYSTEM": "1"}
+"""Set inside every sandbox (besides PATH, HOME, LANG, TMPDIR, USER): the host's
+/etc/gitconfig is not the sandbox's (credential helpers, proxies), and where it exists but is
+not readable (Landlock) git would refuse to run at all."""
+
 RO_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 RO_ETC = (
     "/etc/ld.so.cache",
@@ -53,6 +58,8 @@ class CommandSpec:
     limits: Limits = field(default_factory=Limits)
     uid: int = 65534
     """The unprivileged uid the command runs as when the bot runs as root."""
+    inside_uid: int | None = None
+    """The uid bubblewrap shows inside its user namespace (None: `uid`)."""
 
 
 @dataclass

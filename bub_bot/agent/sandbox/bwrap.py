@@ -13,8 +13,18 @@ import logging
 import os
 from pathlib import Path
 
-from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
-from .landlock import hand_over, reachable_by
+from .base import (
+    LAUNCH_ENV,
+    MINIMAL_PATH,
+    NET_ETC,
+    RO_ETC,
+    RO_SYSTEM,
+    SANDBOX_ENV,
+    CommandSpec,
+    Launch,
+)
+from .handover import HandOver, reachable_by
+from .landlock_helper import network_filter
 
 INSIDE = "/work"
 log = logging.getLogger("bub_bot.sandbox")
@@ -28,15 +38,28 @@ class BwrapBackend:
     def __init__(self, bwrap: str = "bwrap") -> None:
         self.bwrap = bwrap
         self.warned = False
+        self.handed = HandOver()
 
     def launch(self, spec: CommandSpec) -> Launch:
+        seccomp = _unix_filter_fd() if spec.network else None
+        try:
+            launch = self._launch(spec, seccomp)
+        except BaseException:
+            if seccomp is not None:
+                os.close(seccomp)
+            raise
+        launch.pass_fd = seccomp
+        return launch
+
+    def _launch(self, spec: CommandSpec, seccomp: int | None) -> Launch:
         if os.geteuid() == 0 and reachable_by(Path(spec.workspace), spec.uid):
             # As root, bwrap itself runs as the sandbox uid where it can reach the workspace
             # (bwrap resolves the bind source as that uid): RLIMIT_NPROC does not apply to
             # uid 0, and an escape would not be root. The workspace is handed over to it.
-            hand_over(Path(spec.workspace), spec.uid)
+            self.handed.ensure(Path(spec.workspace), spec.uid)
             drop = ["/usr/bin/setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}"]
-            return Launch([*drop, "--clear-groups", "--", *self.argv(spec)], dict(LAUNCH_ENV))
+            argv = [*drop, "--clear-groups", "--", *self.argv(spec, seccomp)]
+            return Launch(argv, dict(LAUNCH_ENV))
         if os.geteuid() == 0 and not self.warned:
             self.warned = True
             log.warning(
@@ -48,16 +71,20 @@ class BwrapBackend:
                 spec.uid,
                 spec.uid,
             )
-        return Launch(self.argv(spec), dict(LAUNCH_ENV))
+        return Launch(self.argv(spec, seccomp), dict(LAUNCH_ENV))
 
-    def argv(self, spec: CommandSpec) -> list[str]:
-        """The full argv (tests check it keeps --die-with-parent)."""
+    def argv(self, spec: CommandSpec, seccomp: int | None = None) -> list[str]:
+        """The full argv (tests check it keeps --die-with-parent); `seccomp`: the fd of a
+        filter program bwrap loads for the command."""
         limits = spec.limits
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
         if spec.network:
             args.append("--share-net")
+        if seccomp is not None:
+            args += ["--seccomp", str(seccomp)]
         args += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
-        args += ["--hostname", "sandbox", "--uid", str(spec.uid), "--gid", str(spec.uid)]
+        inside = spec.uid if spec.inside_uid is None else spec.inside_uid
+        args += ["--hostname", "sandbox", "--uid", str(inside), "--gid", str(inside)]
         for path in RO_SYSTEM:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -70,7 +97,10 @@ class BwrapBackend:
         args += ["--bind", str(Path(spec.workspace)), INSIDE, "--chdir", INSIDE]
         args += ["--clearenv", "--setenv", "PATH", MINIMAL_PATH, "--setenv", "HOME", INSIDE]
         args += ["--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
-        args += ["--setenv", "USER", "sandbox", "--"]
+        args += ["--setenv", "USER", "sandbox"]
+        for key, value in SANDBOX_ENV.items():
+            args += ["--setenv", key, value]
+        args.append("--")
         # RLIMIT_NPROC inside the new user namespace counts this sandbox only.
         args += ["/usr/bin/prlimit", "--core=0"]
         if limits.nproc:
@@ -84,3 +114,19 @@ class BwrapBackend:
         if limits.nofile:
             args.append(f"--nofile={limits.nofile}")
         return [*args, "--", "/bin/sh", "-c", spec.cmd]
+
+
+def _unix_filter_fd() -> int:
+    """A pipe's read end holding the seccomp program bwrap loads when the network is on.
+
+    --share-net shares the host's network namespace, and with it the host's abstract Unix
+    sockets (the namespace they live in: X11, D-Bus, container shims listen there), so
+    socket(AF_UNIX) and datagram socketpairs are denied then, as under Landlock. With the
+    network off the command has a namespace of its own and sees no host socket at all."""
+    program = network_filter(net=True)
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # a few hundred bytes: far below the pipe's buffer
+    finally:
+        os.close(write)
+    return read

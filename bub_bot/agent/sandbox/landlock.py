@@ -3,12 +3,12 @@ where user namespaces are not available (unprivileged containers, PaaS dynos).
 
 No mount namespace here: the command sees real paths, works in the workspace's real
 directory, and gets a private temporary directory (not size-capped: documented). As root the
-helper drops to BUB_SHELL_UID, so the workspace is handed over to that uid first.
+helper drops to the workspace's uid (BUB_SHELL_UID, or its own one of BUB_SHELL_UIDS), so the
+workspace is handed over to that uid first, once per start (handover.py).
 """
 
 from __future__ import annotations
 
-import logging
 import marshal
 import os
 import shutil
@@ -16,46 +16,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .base import LAUNCH_ENV, MINIMAL_PATH, NET_ETC, RO_ETC, RO_SYSTEM, CommandSpec, Launch
-
-log = logging.getLogger("bub_bot.sandbox")
+from .base import (
+    LAUNCH_ENV,
+    MINIMAL_PATH,
+    NET_ETC,
+    RO_ETC,
+    RO_SYSTEM,
+    SANDBOX_ENV,
+    CommandSpec,
+    Launch,
+)
+from .handover import HandOver, reachable_by
 
 HELPER = Path(__file__).with_name("landlock_helper.py")
-HAND_OVER_LIMIT = 200_000
-"""At most this many entries are re-owned per command (a huge tree is left as it is)."""
-
-
-def reachable_by(path: Path, uid: int) -> bool:
-    """Whether `uid` (not root, no groups) can traverse every parent of `path`."""
-    for parent in path.resolve().parents:
-        try:
-            st = parent.stat()
-        except OSError:
-            return False
-        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
-            continue
-        if st.st_gid == uid and st.st_mode & 0o010:
-            continue
-        return False
-    return True
-
-
-def hand_over(root: Path, uid: int) -> None:
-    """Give `root`'s files to `uid` so the sandboxed command can use them (the bot, root,
-    still can). Symlinks are re-owned themselves, never followed."""
-    seen = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in [".", *dirnames, *filenames]:
-            seen += 1
-            if seen > HAND_OVER_LIMIT:
-                log.warning("sandbox.hand_over stopped after %d entries in %s", seen, root)
-                return
-            path = os.path.join(dirpath, name)
-            try:
-                if os.lstat(path).st_uid != uid:
-                    os.lchown(path, uid, uid)
-            except OSError:
-                pass
 
 
 class LandlockBackend:
@@ -66,6 +39,7 @@ class LandlockBackend:
     def __init__(self, tmp_root: Path, python: str = sys.executable) -> None:
         self.tmp_root = tmp_root
         self.python = python
+        self.handed = HandOver()
 
     def launch(self, spec: CommandSpec) -> Launch:
         workspace = Path(spec.workspace)
@@ -74,7 +48,7 @@ class LandlockBackend:
         tmp = Path(tempfile.mkdtemp(prefix="sbx-", dir=self.tmp_root))
         if root:
             os.chown(tmp, spec.uid, spec.uid)
-            hand_over(workspace, spec.uid)
+            self.handed.ensure(workspace, spec.uid)
         limits = spec.limits
         # HOME by path must be reachable by the dropped uid: else the private tmp directory.
         home = workspace if not root or reachable_by(workspace, spec.uid) else tmp
@@ -84,6 +58,7 @@ class LandlockBackend:
             "LANG": "C.UTF-8",
             "TMPDIR": str(tmp),
             "USER": "sandbox",
+            **SANDBOX_ENV,
         }
         cfg = {
             "workspace": str(workspace),

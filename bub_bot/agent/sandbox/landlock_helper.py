@@ -8,8 +8,11 @@ Stdlib only (it runs without the bot's packages). It supervises one command:
   one the kernel sends when the bot dies: PR_SET_PDEATHSIG), SIGKILLs every descendant left
   (a `setsid` double-fork re-parents to it and dies too), then exits with the command's code;
 - the child drops to the sandbox uid (when started as root), sets rlimits and no-new-privs,
-  installs a seccomp filter (no AF_INET/AF_INET6/netlink/packet sockets and no io_uring unless
-  the network is on: Landlock does not cover UDP), restricts itself with Landlock (read-only
+  installs a seccomp filter (no AF_INET/AF_INET6/netlink/packet sockets unless the network is
+  on: Landlock does not cover UDP; never an AF_UNIX socket from socket(), which could connect
+  to any host service listening on a pathname socket — Landlock does not cover connect() —
+  only connected socketpair()s; no io_uring, which would bypass both), restricts itself with
+  Landlock (read-only
   system directories, the workspace and a private tmp read-write, nothing else; TCP bind and
   connect denied on ABI >= 4; signals and abstract unix sockets scoped on ABI >= 6) and execs
   the command with a minimal environment.
@@ -36,13 +39,24 @@ MAKE_CHAR, MAKE_BLOCK = 1 << 6, 1 << 11
 
 # Syscall numbers that differ per architecture (seccomp filters see raw numbers).
 ARCHES = {
-    "x86_64": {"audit": 0xC000003E, "socket": 41, "unshare": 272, "clone": 56},
-    "aarch64": {"audit": 0xC00000B7, "socket": 198, "unshare": 97, "clone": 220},
+    "x86_64": {"audit": 0xC000003E, "socket": 41, "socketpair": 53, "unshare": 272, "clone": 56},
+    "aarch64": {
+        "audit": 0xC00000B7,
+        "socket": 198,
+        "socketpair": 199,
+        "unshare": 97,
+        "clone": 220,
+    },
 }
 NR_IO_URING_SETUP, NR_CLONE3 = 425, 435
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 ENOSYS, EPERM, EAFNOSUPPORT = 38, 1, 97
 AF_UNIX = 1
+SOCK_STREAM_BIT, SOCK_NOT_STREAM_OR_SEQPACKET = 0b0001, 0b1010
+"""socketpair types allowed: SOCK_STREAM (1) and SOCK_SEQPACKET (5), the only ones with bit 0
+set and bits 1 and 3 clear (low 4 bits: the type; SOCK_NONBLOCK/SOCK_CLOEXEC are above).
+A datagram pair (SOCK_DGRAM, or SOCK_RAW which AF_UNIX turns into one) could sendto() any
+host datagram socket by path (syslog, journald) despite being connected."""
 
 
 class RulesetAttr(ctypes.Structure):
@@ -77,14 +91,17 @@ def bpf(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
 
-LD_W_ABS, JEQ_K, JSET_K, JGE_K, RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
+LD_W_ABS, JEQ_K, JSET_K, JGE_K, RET_K, AND_K = 0x20, 0x15, 0x45, 0x35, 0x06, 0x54
+Rule = tuple  # (nr, errno, mask, value[, arg index, op])
 
 
-def filter_program(deny: list[tuple[int, int, int | None, int | None]]) -> bytes:
-    """A seccomp program: for each (syscall nr, errno, arg0 mask, arg0 allowed value):
-    the call fails with errno (when a mask is given: unless `arg0 & mask == allowed`, or, for
-    allowed None, only when `arg0 & mask` is non-zero). Everything else is allowed; another
-    architecture or the x32 ABI is refused outright."""
+def filter_program(deny: list[Rule]) -> bytes:
+    """A seccomp program: for each (syscall nr, errno, mask, value[, arg, op]) the call fails
+    with errno — always when mask is None; else, on the low 32 bits of argument `arg` (0 when
+    not given), by `op`: "any" (default when value is None): when `arg & mask` is non-zero;
+    "ne" (default otherwise): unless `arg & mask == value`; "eq": when `arg & mask == value`.
+    Rules are tried in order. Everything else is allowed; another architecture or the x32 ABI
+    is refused outright."""
     arch = ARCHES.get(os.uname().machine)
     if arch is None:
         raise OSError(f"seccomp: unsupported architecture {os.uname().machine}")
@@ -96,17 +113,24 @@ def filter_program(deny: list[tuple[int, int, int | None, int | None]]) -> bytes
         bpf(JGE_K, 0x40000000, 0, 1),
         bpf(RET_K, SECCOMP_RET_ERRNO | ENOSYS),
     ]
-    for nr, errno, mask, allowed in deny:
+    for rule in deny:
+        nr, errno, mask, value = rule[:4]
+        arg = rule[4] if len(rule) > 4 else 0
+        op = rule[5] if len(rule) > 5 else ("any" if value is None else "ne")
         ret_errno = bpf(RET_K, SECCOMP_RET_ERRNO | errno)
-        reload = bpf(LD_W_ABS, 0)
         if mask is None:
             prog += [bpf(JEQ_K, nr, 0, 1), ret_errno]
-        elif allowed is None:  # deny when any masked bit is set
-            prog += [bpf(JEQ_K, nr, 0, 4), bpf(LD_W_ABS, 16), bpf(JSET_K, mask, 0, 1)]
-            prog += [ret_errno, reload]
-        else:  # deny unless arg0 == allowed
-            prog += [bpf(JEQ_K, nr, 0, 4), bpf(LD_W_ABS, 16), bpf(JEQ_K, allowed, 1, 0)]
-            prog += [ret_errno, reload]
+            continue
+        load = bpf(LD_W_ABS, 16 + 8 * arg)  # the low word of the argument (little-endian)
+        if op == "any":
+            body = [load, bpf(JSET_K, mask, 0, 1)]
+        elif op in ("eq", "ne"):
+            hit = bpf(JEQ_K, value, 0, 1) if op == "eq" else bpf(JEQ_K, value, 1, 0)
+            body = [load, bpf(AND_K, mask), hit]
+        else:
+            raise ValueError(f"seccomp: unknown rule op {op!r}")
+        # Not this syscall: skip the test, the errno and the reload (A still holds nr).
+        prog += [bpf(JEQ_K, nr, 0, len(body) + 2), *body, ret_errno, bpf(LD_W_ABS, 0)]
     prog.append(bpf(RET_K, SECCOMP_RET_ALLOW))
     return b"".join(prog)
 
@@ -121,11 +145,21 @@ def install_filter(program: bytes) -> None:
         raise OSError(ctypes.get_errno(), "prctl(SECCOMP)")
 
 
-def network_filter() -> bytes:
-    """No sockets but AF_UNIX, no io_uring (it would bypass the socket check)."""
+def network_filter(net: bool = False) -> bytes:
+    """No AF_UNIX socket() (pathname sockets of the host would be reachable: Landlock does
+    not cover connect(); abstract ones are also scoped on ABI >= 6), socketpair() only of
+    stream or seqpacket type, no io_uring (it would bypass the socket checks), and without
+    `net` no socket() at all."""
     arch = ARCHES[os.uname().machine]
-    return filter_program([(arch["socket"], EAFNOSUPPORT, 0xFFFFFFFF, AF_UNIX),
-                           (NR_IO_URING_SETUP, EPERM, None, None)])  # fmt: skip
+    rules: list[Rule] = [
+        (arch["socket"], EPERM, 0xFFFFFFFF, AF_UNIX, 0, "eq"),
+        (arch["socketpair"], EPERM, SOCK_NOT_STREAM_OR_SEQPACKET, None, 1, "any"),
+        (arch["socketpair"], EPERM, SOCK_STREAM_BIT, 0, 1, "eq"),
+        (NR_IO_URING_SETUP, EPERM, None, None),
+    ]
+    if not net:
+        rules.append((arch["socket"], EAFNOSUPPORT, None, None))
+    return filter_program(rules)
 
 
 # -- Landlock ----------------------------------------------------------------------------------
@@ -219,10 +253,7 @@ def child(cfg: dict, argv: list[str]) -> None:
             resource.setrlimit(resource.RLIMIT_NPROC, (budget, budget))
         os.fchdir(ws_dir)
         os.close(ws_dir)
-        if not cfg["net"]:
-            install_filter(network_filter())
-        elif _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
+        install_filter(network_filter(bool(cfg["net"])))
         restrict(cfg, abi, ws_fd, tmp_fd)
         os.close(ws_fd)
         if tmp_fd is not None:

@@ -209,13 +209,41 @@
     return bubble;
   }
 
-  async function send(text, clientId, bubble) {
+  async function uploadAll(files) {
+    const out = [];
+    for (const f of files) {
+      const res = await fetch(`/api/conversations/${conversation}/files`, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: {
+          Accept: "application/json",
+          "Content-Type": "application/octet-stream",
+          "X-File-Name": encodeURIComponent(f.name),
+        },
+        body: f,
+      });
+      if (res.status === 401) {
+        location.reload();
+        throw new Error("not logged in");
+      }
+      const data = await res.json().catch(() => ({}));
+      if (!res.ok) throw new Error(data.error || res.statusText);
+      out.push({ id: data.id, name: data.name, size: data.size });
+    }
+    return out;
+  }
+
+  async function send(text, clientId, bubble, files = { local: [], uploaded: null }) {
     bubble.classList.remove("failed");
     bubble.querySelector("button.retry")?.remove();
     try {
+      // Uploaded once: a retry sends the same upload ids with the same client id.
+      if (files.uploaded === null) files.uploaded = await uploadAll(files.local);
+      const body = { text, client_id: clientId };
+      if (files.uploaded.length) body.files = files.uploaded;
       const res = await api(`/api/conversations/${conversation}/messages`, {
         method: "POST",
-        body: JSON.stringify({ text, client_id: clientId }),
+        body: JSON.stringify(body),
       });
       if (!res.ok) {
         const data = await res.json().catch(() => ({}));
@@ -229,7 +257,7 @@
       retry.className = "retry";
       retry.textContent = `Not sent (${err.message}). Retry`;
       // The same client id: if the first try did reach the server, it is not stored twice.
-      retry.addEventListener("click", () => send(text, clientId, bubble));
+      retry.addEventListener("click", () => send(text, clientId, bubble, files));
       bubble.appendChild(retry);
     }
   }
@@ -273,13 +301,43 @@
     return (await res.json()).id;
   }
 
+  const fileInput = $("files");
+  const attached = $("attached");
+  let attaching = [];
+
+  function showAttached() {
+    attached.textContent = attaching.map((f) => `📎 ${f.name}`).join("  ");
+    attached.hidden = !attaching.length;
+  }
+
+  fileInput.addEventListener("change", () => {
+    attaching.push(...fileInput.files);
+    fileInput.value = "";
+    showAttached();
+  });
+  form.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    form.classList.add("dropping");
+  });
+  form.addEventListener("dragleave", () => form.classList.remove("dropping"));
+  form.addEventListener("drop", (e) => {
+    e.preventDefault();
+    form.classList.remove("dropping");
+    attaching.push(...e.dataTransfer.files);
+    showAttached();
+  });
+
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     const text = input.value;
-    if (!text.trim() || !conversation) return;
+    const local = attaching;
+    if ((!text.trim() && !local.length) || !conversation) return;
     input.value = "";
+    attaching = [];
+    showAttached();
     const clientId = randomId();
-    send(text, clientId, pendingBubble(text, clientId));
+    const shown = [text, ...local.map((f) => `📎 ${f.name}`)].filter(Boolean).join("\n");
+    send(text, clientId, pendingBubble(shown, clientId), { local, uploaded: null });
   });
 
   input.addEventListener("keydown", (e) => {
