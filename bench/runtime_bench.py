@@ -15,6 +15,9 @@ loop (`--in-process-model` runs it in the same loop instead). The bot side is th
 2. Burst: one session receives B messages at once (and again 20 ms apart); printed: how
    many model calls (turns) it took to answer all of them.
 
+`--profile FILE` runs the conversations (not the warm-up) under cProfile and writes the stats
+to FILE (read them with pstats). The store's transaction counter gives transactions per turn.
+
 `--http aiohttp` gives `ModelClient` an SDK client on the aiohttp transport instead of the
 SDK's default httpx one (for comparison; the bot uses the default).
 
@@ -163,7 +166,7 @@ async def close_runtime(runtime: Runtime, store: SQLiteTapeStore) -> None:
 
 
 async def conversations(
-    model: ModelServer, home: Path, n: int, m: int, http: str = "httpx"
+    model: ModelServer, home: Path, n: int, m: int, http: str = "httpx", profile: str = ""
 ) -> dict[str, float]:
     runtime, channel, store, model_calls = await open_runtime(model.base_url, home, n, http)
     arrived: dict[str, asyncio.Event] = {}
@@ -182,11 +185,24 @@ async def conversations(
     await asyncio.gather(*(converse(f"warm{i}") for i in range(min(n, 20))))
     calls_before = model_calls[0]
     latencies.clear()
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    transactions = store.transactions
     cpu = time.thread_time()
+    process_cpu = time.process_time()  # the event loop and the database thread
     started = time.perf_counter()
     await asyncio.gather(*(converse(f"c{i}") for i in range(n)))
     wall = time.perf_counter() - started
     cpu = time.thread_time() - cpu
+    process_cpu = time.process_time() - process_cpu
+    transactions = store.transactions - transactions
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
     calls = model_calls[0] - calls_before
     for i in range(n):
         await runtime.wait_idle(f"test:c{i}", 30)
@@ -201,6 +217,8 @@ async def conversations(
         "max": max(latencies),
         "lost": lost,
         "cpu_per_turn": cpu / max(calls, 1),
+        "process_cpu_per_turn": process_cpu / max(calls, 1),
+        "transactions_per_turn": transactions / max(calls, 1),
     }
 
 
@@ -240,6 +258,7 @@ async def main() -> None:
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--in-process-model", action="store_true")
     parser.add_argument("--http", choices=["httpx", "aiohttp"], default="httpx")
+    parser.add_argument("--profile", default="", help="cProfile the conversations into FILE")
     parser.add_argument("--replicas", help="e.g. 1,2,3: serve processes on one PostgreSQL db")
     args = parser.parse_args()
     if args.replicas:
@@ -260,7 +279,7 @@ async def main() -> None:
             f"fake model: {latency * 1000:.0f} ms per request, {where}; SDK transport {args.http}"
         )
         with tempfile.TemporaryDirectory() as tmp:
-            res = await conversations(model, Path(tmp) / "conv", n, m, args.http)
+            res = await conversations(model, Path(tmp) / "conv", n, m, args.http, args.profile)
         ideal = m * latency
         total = n * m
         print(
@@ -279,6 +298,11 @@ async def main() -> None:
             f"  event-loop CPU   {res['cpu_per_turn'] * 1000:.2f} ms per turn"
             f"   (budget for the target: {1.3 * ideal / total * 1000:.2f} ms)"
         )
+        print(
+            f"  process CPU      {res['process_cpu_per_turn'] * 1000:.2f} ms per turn"
+            "   (event loop + the database thread)"
+        )
+        print(f"  transactions     {res['transactions_per_turn']:.2f} per turn (store round trips)")
         print(f"  conversations missing a reply: {res['lost']:.0f}")
         print(f"  peak RSS         {peak_rss_mb():.0f} MB (bot process)")
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
-from ..tape import Tape, TapeEntry, default_selector, visible
+from ..tape import Counting, Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector, load_selector
 from ..toolgroups import offered
 from . import metering, overflow
@@ -29,6 +29,9 @@ from .tools import Origin, Tool, ToolContext, ToolRegistry, payer_of
 log = logging.getLogger(__name__)
 
 EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
+FinalAppend = Callable[[list[TapeEntry], Counting | None], Awaitable[list[TapeEntry]]]
+"""Writes the entries that end a turn (the answer or notice with its records) in one
+transaction and returns them with their ids; the caller may add its own entries to it."""
 
 
 @dataclass
@@ -109,6 +112,8 @@ class Agent:
         model: str | None = None,
         max_steps: int | None = None,
         payer: dict[str, Any] | None = None,
+        context: list[TapeEntry] | None = None,
+        append_final: FinalAppend | None = None,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -126,6 +131,13 @@ class Agent:
         may use (`allowed_tools`), its `model` and `max_steps`, and `payer`: the origin of
         the parent turn, recorded in its `loop.start` and `run` events (whom its model use
         is charged to).
+
+        Fewer trips to the store: without `new_messages` the `loop.start` record waits for
+        the first step's write (or whatever the turn writes first); `context` is the tape
+        after its last anchor as the caller just read it (used for the first step instead
+        of reading it again); `append_final(entries, usage)` writes the turn's last entries
+        (the answer or notice) in place of a plain append, so the caller can add its own
+        records to that transaction.
         """
         workspace = workspace or self.settings.workspace
         selector = selector or self.selector
@@ -135,10 +147,37 @@ class Agent:
         if payer is not None:
             start["payer"] = payer
         first.append(TapeEntry.event("loop.start", start, context=False))
-        # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
-        written = await tape.append_many(first, bootstrap=True)
-        if turn_start is None:
-            turn_start = written[0].id - 1
+        # Not written yet (no messages to put on the tape before the first model call): it
+        # goes first in the turn's first write, with the bootstrap anchor if the tape has none.
+        opening: list[TapeEntry] = []
+        if new_messages:
+            # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
+            written = await tape.append_many(first, bootstrap=True)
+            if turn_start is None:
+                turn_start = written[0].id - 1
+        else:
+            opening = first
+            if turn_start is None:
+                turn_start = await _last_id(tape)
+
+        async def write(entries: list[TapeEntry], usage: Counting | None = None) -> list[TapeEntry]:
+            """Append a step's entries after whatever of the turn's start is not written."""
+            nonlocal opening
+            head, opening = opening, []
+            written = await tape.append_many([*head, *entries], bootstrap=bool(head), usage=usage)
+            return written[len(head) :]
+
+        async def write_final(entries: list[TapeEntry], usage: Counting | None) -> list[TapeEntry]:
+            nonlocal opening
+            if append_final is None:
+                return await write(entries, usage)
+            head, opening = opening, []
+            return (await append_final([*head, *entries], usage))[len(head) :]
+
+        async def flush() -> None:
+            """Write the turn's start before records written by others (tools, handoffs)."""
+            if opening:
+                await write([])
 
         origin = origin or Origin(session_id=tape.session_id or "")
         policy = self.policies.for_session(origin.session_id or tape.session_id or "")
@@ -166,7 +205,10 @@ class Agent:
             if before_step is not None:
                 await before_step(step)
             step_started = time.perf_counter()
-            raw = await tape.query(after_last_anchor=True)
+            if context is not None:
+                raw, context = context, None  # read by the caller just now
+            else:
+                raw = await tape.query(after_last_anchor=True)
             if raw:
                 seen_through = max(seen_through, raw[-1].id)
             entries = visible(raw)
@@ -191,7 +233,7 @@ class Agent:
             spent = await metering.spent(self.budgets, charge_to, self._notify, where)
             if spent is not None:
                 return await self._end(
-                    tape,
+                    write_final,
                     "budget",
                     spent.text(),
                     step - 1,
@@ -209,10 +251,11 @@ class Agent:
                     )
             except ContextOverflow as exc:
                 elapsed = _ms(step_started)
+                await flush()
                 if auto_handed_off:
                     await overflow.past_too_long(tape, exc, seen_through)
                     return await self._end(
-                        tape,
+                        write_final,
                         "overflow",
                         exc.user_message,
                         step,
@@ -229,15 +272,17 @@ class Agent:
                 continue
             except ModelError as exc:
                 self._notify("model_call", {"ok": False})
-                await tape.append(
-                    TapeEntry.event(
-                        "loop.step",
-                        {"step": step, "status": "error", "elapsed_ms": _ms(step_started)},
-                        context=False,
-                    )
+                await write(
+                    [
+                        TapeEntry.event(
+                            "loop.step",
+                            {"step": step, "status": "error", "elapsed_ms": _ms(step_started)},
+                            context=False,
+                        )
+                    ]
                 )
                 return await self._end(
-                    tape,
+                    write_final,
                     "error",
                     exc.user_message,
                     step,
@@ -281,7 +326,7 @@ class Agent:
                     turn=turn_id,
                     seen_through=seen_through,
                 )
-                written = await tape.append_many(
+                written = await write_final(
                     [
                         final,
                         run_event,
@@ -291,7 +336,7 @@ class Agent:
                             context=False,
                         ),
                     ],
-                    usage=counting,
+                    counting,
                 )
                 self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
                 return TurnResult(
@@ -314,6 +359,7 @@ class Agent:
                 # A person decides first: the turn ends here, holding no worker or model; the
                 # decision enters the session like a message and `settle` runs the calls.
                 done = {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)}
+                await flush()
                 request = await self.gate.hold(
                     tape,
                     reply,
@@ -334,6 +380,7 @@ class Agent:
             if progress is not None:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))
+            await flush()  # tools may write to the tape (spills, subagents) before the step
             step_entries = await self._run_tools(
                 ctx, tape, reply.tool_calls, reply.content, policies, fixed
             )
@@ -355,14 +402,20 @@ class Agent:
                 step_entries.extend(await overflow.turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await tape.append_many(step_entries, usage=counting)
+            await write(step_entries, counting)
 
         note = (
             f"I stopped after {max_steps} steps without a final answer."
             " Ask me to continue, or narrow the request."
         )
         return await self._end(
-            tape, "max_steps", note, step, seen_through, usage_total, auto_handoff=auto_handed_off
+            write_final,
+            "max_steps",
+            note,
+            step,
+            seen_through,
+            usage_total,
+            auto_handoff=auto_handed_off,
         )
 
     async def settle(
@@ -433,7 +486,7 @@ class Agent:
 
     async def _end(
         self,
-        tape: Tape,
+        write: FinalAppend,
         status: str,
         message: str,
         step: int,
@@ -454,11 +507,17 @@ class Agent:
                 context=False,
             )
         )
-        written = await tape.append_many(entries)
+        written = await write(entries, None)
         self._notify("turn", {"status": status})
         return TurnResult(
             status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]
         )
+
+
+async def _last_id(tape: Tape) -> int:
+    """The tape's newest entry id (0: empty)."""
+    newest = await tape.query(limit=1, newest_first=True)
+    return newest[0].id or 0 if newest else 0
 
 
 def _ms(started: float) -> float:

@@ -154,7 +154,15 @@ NAMES = [REQUEST, DECISION, STARTED, CLOSED]
 async def open_requests(tape: Tape, limit: int = 50) -> list[OpenRequest]:
     """The tape's requests that are not closed yet, oldest first (a few at most: a session
     waits on one request at a time)."""
-    found = await tape.query(kinds=["event"], names=NAMES, newest_first=True, limit=limit)
+    return open_in(await tape.query(**REQUESTS_VIEW, limit=limit))
+
+
+REQUESTS_VIEW: dict[str, Any] = {"kinds": ["event"], "names": NAMES, "newest_first": True}
+"""The query `open_in` reads (with a limit): the requests' events, newest first."""
+
+
+def open_in(found: list[TapeEntry]) -> list[OpenRequest]:
+    """`open_requests` of the entries `REQUESTS_VIEW` found (e.g. read with other queries)."""
     closed: set[str] = set()
     decisions: dict[str, TapeEntry] = {}
     started: set[str] = set()

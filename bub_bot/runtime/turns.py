@@ -16,7 +16,7 @@ from ..agent import Agent, Origin, Progress
 from ..approvals.requests import OpenRequest, is_decision, open_requests, settled_text
 from ..config import Settings
 from ..files.transcribe import Transcriber
-from ..tape import TapeEntry, TapeStore
+from ..tape import Counting, TapeEntry, TapeStore
 from .attachments import Attachments
 from .delivery import Delivery
 from .facts import REPLY_SENT, covered, head_through, is_barrier, is_pending
@@ -58,7 +58,15 @@ class TurnRunner:
         """Turns running at once (BUB_MAX_CONCURRENT_TURNS): held while the model works."""
         self._emit = emit
 
-    async def run(self, session: Session, pending: list[TapeEntry], items: list[TapeEntry]) -> None:
+    async def run(
+        self,
+        session: Session,
+        pending: list[TapeEntry],
+        items: list[TapeEntry],
+        context: list[TapeEntry] | None = None,
+    ) -> None:
+        """Run the turn at the head of `pending` (read as `items`, with `context`: the tape
+        after its last anchor, read with them) and deliver its answer."""
         head = pending[0]
         # A command that `receive` saw arrive after `pending` was read (e.g. while this turn
         # waited for a slot) still holds back what comes after it; one already handled does not.
@@ -107,7 +115,10 @@ class TurnRunner:
                 )
             ]
 
-        await self._carry_into_phase(session, messages, items)
+        if await self._carry_into_phase(session, messages, items) or decisions:
+            context = None  # written to since it was read
+        if any(m.kind == "message" and m.meta.get("attachments") for m in messages):
+            context = None  # `resolve` may write the files' messages
         await self.attachments.resolve(session, messages)
 
         # The reply is shown while it is written when the channel streams (streaming.py).
@@ -124,15 +135,26 @@ class TurnRunner:
         # slot is held while the model works, not while the platform paces the delivery (a
         # busy group's 20 messages a minute must not keep private chats waiting for a slot).
         async with _safe(working, session.id):
+            if self.slots.locked():
+                context = None  # waiting for a slot: the model reads what arrives meanwhile
             async with self.slots, shown:
                 progress = shown.progress if shown.live else None
+                if session.dirty:
+                    context = None  # something was stored since it was read
                 reply, seen = await self._agent_turn(
-                    session, turn_id, head, hold_back, channel_name, progress, messages[-1]
+                    session, turn_id, head, hold_back, channel_name, progress, messages[-1],
+                    context,
+                )  # fmt: skip
+            if session.leased or session.dirty:
+                # Re-read what is pending now: messages that reached the model mid-turn (here,
+                # or on another replica) are covered by this answer.
+                items = await session.tape.query(
+                    after_id=session.cursor or 0, kinds=["message", "event"]
                 )
-            # Re-read what is pending now: messages that reached the model mid-turn are covered.
-            items = await session.tape.query(
-                after_id=session.cursor or 0, kinds=["message", "event"]
-            )
+            else:
+                # One process and nothing stored for the session since its queue was read:
+                # what is pending is what was (the reply and its records are no inbound).
+                items = pending
             if reply is None:
                 through = head_through([e for e in items if is_pending(e)])
                 await self.delivery.mark_done(session, through)
@@ -206,6 +228,7 @@ class TurnRunner:
         channel_name: str,
         progress: Callable[[Progress], None] | None = None,
         newest: TapeEntry | None = None,
+        context: list[TapeEntry] | None = None,
     ) -> tuple[TapeEntry | None, int | None]:
         """Run the agent; returns the reply entry and the newest entry id the model saw.
 
@@ -239,6 +262,8 @@ class TurnRunner:
                 turn_start=head.id - 1,
                 progress=progress,
                 origin=origin,
+                context=context,
+                append_final=lambda entries, usage: self._append_final(session, entries, usage),
             )
         except Exception as exc:
             log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
@@ -269,25 +294,34 @@ class TurnRunner:
         # reply but were never seen: they start the next turn.
         return reply, max(result.seen_through, head.id)
 
+    async def _append_final(
+        self, session: Session, entries: list[TapeEntry], usage: Counting | None
+    ) -> list[TapeEntry]:
+        """The turn's last write, one transaction: its answer (or notice) with the step's
+        records (and the `loop.start` of a one-step turn). Records that must be on the tape
+        with the answer, before it is delivered, belong in this append."""
+        return await session.tape.append_many(entries, usage=usage)
+
     async def _carry_into_phase(
         self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
-    ) -> None:
+    ) -> bool:
         """Copy this turn's messages that sit before the last anchor (they queued behind a
         `/handoff`) to after it, so the model sees them; once, also across a restart."""
         first = messages[0].id
         if not any(
             e.kind == "event" and e.payload.get("name") == "handoff" and e.id > first for e in items
         ):
-            return  # no handoff since these messages arrived (the usual case: no extra read)
+            return False  # no handoff since these messages arrived (the usual case: no read)
         anchor = (await self.store.stats(session.tape.name)).last_anchor_id
         behind = [e for e in messages if e.id < anchor]
         if not behind:
-            return
+            return False
         after = await session.tape.query(after_id=anchor, kinds=["message"], names=["user"])
         present = {e.meta.get("copy_of") for e in after}
         copies = [e.copy_after_anchor() for e in behind if e.id not in present]
         if copies:
             await session.tape.append_many(copies)
+        return bool(copies)
 
 
 @contextlib.asynccontextmanager

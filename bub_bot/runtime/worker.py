@@ -13,13 +13,15 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from channels.base import Channel
 
-from ..approvals.requests import is_decision, open_requests
+from ..approvals.requests import REQUESTS_VIEW, is_decision, open_in, open_requests
 from ..tape import TapeEntry
 from .command_runner import CommandRunner
-from .facts import head_through, is_barrier, is_pending, read_cursor, read_queue
+from .facts import DONE, head_through, is_barrier, is_pending, unhandled_replies
 from .leases import LeaseKeeper, LeaseKey
 from .placement import Placement
 from .recovery import Recovery
@@ -28,6 +30,35 @@ from .session import Session, Sessions
 from .turns import TurnRunner
 
 log = logging.getLogger("bub_bot.runtime")
+
+CURSOR_VIEW: dict[str, Any] = {
+    "kinds": ["event"],
+    "names": [DONE],
+    "newest_first": True,
+    "limit": 1,
+}
+"""The last `inbound.done`: where the handled part of the queue ends (`facts.read_cursor`)."""
+CONTEXT_VIEW: dict[str, Any] = {"after_last_anchor": True}
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """What the worker read for its next step, in one round of work: the queue (messages
+    and events after the cursor) and, when its head starts a turn, the open approval
+    requests' events and the context the turn's first model call reads."""
+
+    items: list[TapeEntry]
+    requests: list[TapeEntry] | None = None
+    context: list[TapeEntry] | None = None
+
+
+def _starts_turn(items: list[TapeEntry]) -> bool:
+    """Whether the next step of this queue is a turn (the head of its pending entries is a
+    message or a decision and no reply waits to be delivered first)."""
+    if unhandled_replies(items):
+        return False
+    head = next((e for e in items if is_pending(e)), None)
+    return head is not None and not is_barrier(head)
 
 
 class SessionWorker:
@@ -88,11 +119,12 @@ class SessionWorker:
         try:
             while not self.sessions.closing:
                 session.dirty = False
-                items = await self._queue(session)
-                if not await self.replicas.serves(session, key, items):
+                queue = await self._queue(session)
+                if not await self.replicas.serves(session, key, queue.items):
                     break
                 session.adopted = None
-                if not await self._step(session, items):
+                step = await self._step(session, queue)
+                if step == "drained" or not step:
                     if session.dirty:
                         continue
                     break
@@ -119,17 +151,38 @@ class SessionWorker:
                 elif session.dirty and not closing:
                     self.wake(session)
 
-    async def _queue(self, session: Session) -> list[TapeEntry]:
-        """What is on the session's tape after its cursor (read from the tape when unknown)."""
+    async def _queue(self, session: Session) -> Queue:
+        """What is on the session's tape after its cursor (read from the tape when unknown)
+        and what a turn at its head reads first: one round of work with the store."""
         if session.needs_workspace:
             session.workspace = await self.placement.recorded_workspace(session.tape)
             session.needs_workspace = False
-        if session.cursor is None:
-            session.cursor = await read_cursor(session.tape)
-        return await read_queue(session.tape, session.cursor)
+        known = session.cursor
 
-    async def _step(self, session: Session, items: list[TapeEntry]) -> bool:
-        """Handle the first unfinished thing in `items`; False: there is none."""
+        def queue(found: list[list[TapeEntry]]) -> dict[str, Any]:
+            # As `facts.read_cursor` and `facts.read_queue`.
+            cursor = known if known is not None else _cursor(found[0])
+            return {"after_id": cursor, "kinds": ["message", "event"]}
+
+        views: list[Any] = [] if known is not None else [CURSOR_VIEW]
+        at = len(views)  # where the queue is in the results
+        views += [
+            queue,
+            lambda found: {**REQUESTS_VIEW, "limit": 50} if _starts_turn(found[at]) else None,
+            lambda found: CONTEXT_VIEW if _starts_turn(found[at]) else None,
+        ]
+        found = await session.tape.query_many(*views)
+        if known is None:
+            session.cursor = _cursor(found[0])
+        items, requests, context = found[at:]
+        if not _starts_turn(items):
+            return Queue(items)
+        return Queue(items, requests, context)
+
+    async def _step(self, session: Session, queue: Queue) -> bool | str:
+        """Handle the first unfinished thing in the queue; False: there is none. "drained":
+        a turn that left nothing else to do (one process, nothing stored meanwhile)."""
+        items = queue.items
         if await self.recovery.finish_reply(session, items):
             return True
         pending = [e for e in items if is_pending(e)]
@@ -142,7 +195,12 @@ class SessionWorker:
             await self.recovery.expire(session, expired)
             return True
         if not is_barrier(pending[0]) and not is_decision(pending[0]):
-            waiting = [r for r in await open_requests(session.tape) if r.decision is None]
+            found = (
+                open_in(queue.requests)
+                if queue.requests is not None
+                else await open_requests(session.tape)
+            )
+            waiting = [r for r in found if r.decision is None]
             if waiting:
                 # A request waits for a person: these messages stay on the tape (the model
                 # reads them after the decision); the session goes on with what follows.
@@ -160,7 +218,9 @@ class SessionWorker:
                 async with self.slots:
                     await self.commands.run(session, pending[0])
             else:
-                await self.turns.run(session, pending, items)  # takes a slot itself
+                await self.turns.run(session, pending, items, queue.context)  # takes a slot
+                if self._drained(session, items):
+                    return "drained"
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -168,3 +228,18 @@ class SessionWorker:
             # the conversation (or be re-run on every wake and restart).
             await self.recovery.give_up(session, pending, exc)
         return True
+
+    def _drained(self, session: Session, items: list[TapeEntry]) -> bool:
+        """After a turn: whether the queue is known to be empty without reading it again.
+        Only with one process on the database: everything stored for the session went
+        through this process's ingress, which marks it dirty; so when it is not, the queue
+        is what was read before the turn, and the turn handled all of it."""
+        if self.replicas.shared or session.dirty or session.cursor is None:
+            return False
+        cursor = session.cursor
+        return not any(is_pending(e) and e.id > cursor for e in items)
+
+
+def _cursor(done: list[TapeEntry]) -> int:
+    """The cursor the `CURSOR_VIEW` result gives (0: nothing handled yet)."""
+    return int(done[0].payload["data"]["through"]) if done else 0

@@ -108,9 +108,17 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
                 cause = cause.replace(password, "***")
             return TapeStoreError(f"cannot open tape database {where}: {cause}")
 
+        opened: list[PostgresTapeStore] = []
+
+        async def counted(conn: asyncpg.Connection) -> None:
+            # Run on every `pool.acquire()`: one round of work (a transaction or a read).
+            if opened:
+                opened[0].transactions += 1
+
         try:
             pool = await asyncpg.create_pool(
                 url,
+                setup=counted,
                 min_size=1,
                 max_size=max(1, pool_size),
                 timeout=10,
@@ -140,7 +148,8 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await pool.close()
             raise fail(exc) from None
-        return cls(pool, where, version, url)
+        opened.append(cls(pool, where, version, url))
+        return opened[0]
 
     def leases(self, owner: str, seconds: float) -> PostgresLeases:
         """Leases in `bub_leases`, shared by every replica on this database (see

@@ -32,6 +32,7 @@ from .store import (
     TapeStats,
     TapeStoreError,
     TapeSummary,
+    View,
     check_copy_ids,
     entry_row,
     firing_append,
@@ -39,6 +40,7 @@ from .store import (
     is_inbound,
     new_tag,
     row_entry,
+    run_views,
     with_ids,
 )
 
@@ -105,6 +107,7 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         # aiosqlite runs `fn(sqlite3_connection, *args)` on its worker thread: one hop per
         # transaction instead of one per statement.
+        self.transactions += 1
         return await self._conn._execute(lambda: fn(self._conn._conn, *args))
 
     async def ping(self) -> None:
@@ -222,6 +225,10 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
 
     async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
         return await self._run(_query, spec)
+
+    async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
+        """Several queries of `tape` in one trip to the database thread (see TapeStore)."""
+        return await self._run(lambda c: run_views(tape, views, lambda s: _query(c, s)))
 
     async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
         """Live tapes, most recently active first (sidecars and archives only with include_all)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Generic, Protocol, Self, TypeVar
@@ -68,6 +68,10 @@ class DedupeRecord:
 # `first(archive_name)` gives the entries a tape starts with after a reset.
 FirstEntries = Callable[[str | None], Sequence[TapeEntry]]
 
+View = Mapping[str, Any] | Callable[[list[list[TapeEntry]]], Mapping[str, Any] | None]
+"""One query of `query_many`: filters as for `query`, or a function of the results before it
+that gives them (None: no query, an empty result)."""
+
 
 class TapeStore(Protocol):
     """A place tapes live. `SQLiteTapeStore` and `PostgresTapeStore` implement it."""
@@ -78,6 +82,10 @@ class TapeStore(Protocol):
     """Where the data is, for messages: a file path, or a URL without its password."""
     schema_version: int
     """The schema version of the open database."""
+    transactions: int
+    """How many transactions this store ran since it was opened (every round of work on a
+    connection counts: a write transaction, or a read): a cheap counter for benchmarks and
+    tests of how many trips a piece of work costs."""
 
     async def __aenter__(self) -> TapeStore: ...
     async def __aexit__(self, *exc: object) -> None: ...
@@ -163,6 +171,10 @@ class TapeStore(Protocol):
         newest_first: bool = False,
     ) -> list[TapeEntry]:
         """Entries of `tape` matching every filter given (see `QuerySpec`)."""
+
+    async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
+        """Several queries of `tape` as one round of work (one trip to SQLite's thread, one
+        consistent read), in order: a view that is a function sees the results before it."""
 
     async def read_context(self, tape: str) -> list[TapeEntry]:
         """The default view: entries strictly after the last anchor."""
@@ -386,6 +398,8 @@ class StoreBase:
     kind: str
     location: str
     schema_version: int
+    transactions: int = 0
+    """See `TapeStore.transactions`; each store adds one per round of work it runs."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -519,6 +533,27 @@ class StoreBase:
     async def read_context(self, tape: str) -> list[TapeEntry]:
         """The default view: entries strictly after the last anchor (index lookups only)."""
         return await self._select(QuerySpec(tape, after_last_anchor=True))
+
+    async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
+        """Several queries of `tape` in order, as one round of work where the store can
+        (see TapeStore); here: one after the other."""
+        results: list[list[TapeEntry]] = []
+        for view in views:
+            filters = view(results) if callable(view) else view
+            found = [] if filters is None else await self.query(tape, **filters)
+            results.append(found)
+        return results
+
+
+def run_views(
+    tape: str, views: Sequence[View], select: Callable[[QuerySpec], list[TapeEntry]]
+) -> list[list[TapeEntry]]:
+    """`query_many` for a store that reads synchronously (SQLite's thread): `select` each."""
+    results: list[list[TapeEntry]] = []
+    for view in views:
+        filters = view(results) if callable(view) else view
+        results.append([] if filters is None else select(QuerySpec.build(tape, **filters)))
+    return results
 
 
 def firing_append(job: Job, firing: Firing) -> Append | None:

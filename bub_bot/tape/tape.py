@@ -13,7 +13,7 @@ from .entries import TapeEntry
 from .forks import ForkPoint, Merged
 from .names import sidecar_name, tape_name
 from .query import AnchorNotFound
-from .store import TapeStore
+from .store import TapeStore, View
 from .usage import Counting
 
 BOOTSTRAP_ANCHOR = "session/start"
@@ -161,6 +161,10 @@ class Tape:
         """`TapeStore.query` on this tape."""
         return await self.store.query(self.name, **filters)
 
+    async def query_many(self, *views: View) -> list[list[TapeEntry]]:
+        """`TapeStore.query_many` on this tape: several queries as one round of work."""
+        return await self.store.query_many(self.name, views)
+
     async def anchors(self, limit: int = 20) -> list[TapeEntry]:
         """The newest anchors, oldest first."""
         found = await self.query(kinds=["anchor"], limit=limit, newest_first=True)
@@ -269,6 +273,14 @@ class ForkTape(Tape):
             parts.reverse()
         found = [e for part in parts for e in part]
         return found[:limit] if limit is not None else found
+
+    async def query_many(self, *views: View) -> list[list[TapeEntry]]:
+        """The queries one after the other (each reads the parent and the fork)."""
+        results: list[list[TapeEntry]] = []
+        for view in views:
+            filters = view(results) if callable(view) else view
+            results.append([] if filters is None else await self.query(**filters))
+        return results
 
     async def _parent(self, **filters: Any) -> list[TapeEntry]:
         before = filters.get("before_id")
