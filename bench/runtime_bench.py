@@ -15,6 +15,8 @@ loop (`--in-process-model` runs it in the same loop instead). The bot side is th
 2. Burst: one session receives B messages at once (and again 20 ms apart); printed: how
    many model calls (turns) it took to answer all of them.
 
+After the warm-up the collector is tuned as `bub-bot serve` tunes it once started
+(`bub_bot.server.tune_gc`; `--no-gc-tuning` keeps Python's defaults, for comparison).
 `--profile FILE` runs the conversations (not the warm-up) under cProfile and writes the stats
 to FILE (read them with pstats). The store's transaction counter gives transactions per turn.
 
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bub_bot.agent import Agent, ModelClient, default_registry
 from bub_bot.config import load_settings
 from bub_bot.runtime import Runtime
+from bub_bot.server import tune_gc
 from bub_bot.tape import SQLiteTapeStore, Tape
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel
@@ -166,7 +169,13 @@ async def close_runtime(runtime: Runtime, store: SQLiteTapeStore) -> None:
 
 
 async def conversations(
-    model: ModelServer, home: Path, n: int, m: int, http: str = "httpx", profile: str = ""
+    model: ModelServer,
+    home: Path,
+    n: int,
+    m: int,
+    http: str = "httpx",
+    profile: str = "",
+    no_gc_tuning: bool = False,
 ) -> dict[str, float]:
     runtime, channel, store, model_calls = await open_runtime(model.base_url, home, n, http)
     arrived: dict[str, asyncio.Event] = {}
@@ -183,6 +192,8 @@ async def conversations(
 
     # warm up: connections to the fake, SQLite pages, imports
     await asyncio.gather(*(converse(f"warm{i}") for i in range(min(n, 20))))
+    if not no_gc_tuning:
+        tune_gc()  # as `bub-bot serve` does once it has started
     calls_before = model_calls[0]
     latencies.clear()
     profiler = None
@@ -258,6 +269,9 @@ async def main() -> None:
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--in-process-model", action="store_true")
     parser.add_argument("--http", choices=["httpx", "aiohttp"], default="httpx")
+    parser.add_argument(
+        "--no-gc-tuning", action="store_true", help="keep the collector's defaults (compare)"
+    )
     parser.add_argument("--profile", default="", help="cProfile the conversations into FILE")
     parser.add_argument("--replicas", help="e.g. 1,2,3: serve processes on one PostgreSQL db")
     args = parser.parse_args()
@@ -279,7 +293,9 @@ async def main() -> None:
             f"fake model: {latency * 1000:.0f} ms per request, {where}; SDK transport {args.http}"
         )
         with tempfile.TemporaryDirectory() as tmp:
-            res = await conversations(model, Path(tmp) / "conv", n, m, args.http, args.profile)
+            res = await conversations(
+                model, Path(tmp) / "conv", n, m, args.http, args.profile, args.no_gc_tuning
+            )
         ideal = m * latency
         total = n * m
         print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -143,6 +144,20 @@ class Bot:
             await self.mcp.close()  # after the turns: stdio servers terminated and reaped
         await self.agent.model.close()
         await self.store.close()
+
+
+GC_THRESHOLD = (10_000, 10, 10)
+"""Young collections every 10,000 allocations instead of 700: hundreds of turns at once keep
+many young objects alive, and with the default every turn paid ~0.5 ms in collections that
+found almost nothing (profiled: 15-25 % of the CPU of `bench/runtime_bench.py`). Objects
+freed by reference counting are not affected; cycles wait a little longer."""
+
+
+def tune_gc() -> None:
+    """Once started: what exists now (modules, settings, the app) lives as long as the
+    process, so the collector stops scanning it (`gc.freeze`), and collects less often."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 def start_mcp(settings: Settings, agent: Agent) -> McpManager | None:
@@ -313,6 +328,7 @@ async def serve(settings: Settings) -> int:
         log.error("start failed: %s", exc)
         await server.stop()
         return 2 if isinstance(exc, ConfigError) else 1
+    tune_gc()
     if not settings.model_configured:
         log.warning("no model configured: the web chat answers with how to set one up")
     for channel in channels:
