@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import resource
 import sys
 import tempfile
@@ -61,6 +62,17 @@ def pct(values: list[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def child_cpu(pid: int | None) -> float:
+    """CPU seconds a child process (the fake model) has used so far, from /proc."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb() -> float:
@@ -203,6 +215,8 @@ async def conversations(
         profiler = cProfile.Profile()
         profiler.enable()
     transactions = store.transactions
+    model_pid = None if model.proc is None else model.proc.pid
+    model_cpu = child_cpu(model_pid)
     cpu = time.thread_time()
     process_cpu = time.process_time()  # the event loop and the database thread
     started = time.perf_counter()
@@ -211,6 +225,7 @@ async def conversations(
     cpu = time.thread_time() - cpu
     process_cpu = time.process_time() - process_cpu
     transactions = store.transactions - transactions
+    model_cpu = child_cpu(model_pid) - model_cpu
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
@@ -230,6 +245,8 @@ async def conversations(
         "cpu_per_turn": cpu / max(calls, 1),
         "process_cpu_per_turn": process_cpu / max(calls, 1),
         "transactions_per_turn": transactions / max(calls, 1),
+        "model_cpu": model_cpu,
+        "process_cpu": process_cpu,
     }
 
 
@@ -319,6 +336,11 @@ async def main() -> None:
             "   (event loop + the database thread)"
         )
         print(f"  transactions     {res['transactions_per_turn']:.2f} per turn (store round trips)")
+        if not args.in_process_model:
+            print(
+                f"  CPU seconds      bot {res['process_cpu']:.2f}, fake model"
+                f" {res['model_cpu']:.2f} (on {os.cpu_count()} cores shared with anything else)"
+            )
         print(f"  conversations missing a reply: {res['lost']:.0f}")
         print(f"  peak RSS         {peak_rss_mb():.0f} MB (bot process)")
 

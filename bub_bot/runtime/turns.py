@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-import uuid
 from collections.abc import Callable
 
 from channels.base import Approvals, Channel
@@ -89,7 +89,8 @@ class TurnRunner:
             return
         if session.barrier is None:
             session.barrier = queued
-        turn_id = uuid.uuid4().hex[:12]
+        # 48 random bits, as uuid4's first 12 hex digits were, without a system call each.
+        turn_id = f"{random.getrandbits(48):012x}"
         channel_name = messages[-1].meta.get("channel", "")
         channel = self.channels.get(channel_name)
         target = messages[-1].meta.get("reply_target") or {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +18,14 @@ def _md5_16(text: str) -> str:
 
 def tape_name(session_id: str, workspace: str | Path) -> str:
     """The session tape's name: the same session id in another workspace is another tape."""
-    return f"{_md5_16(str(Path(workspace).resolve()))}__{_md5_16(session_id)}"
+    return f"{_workspace_key(str(workspace))}__{_md5_16(session_id)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _workspace_key(workspace: str) -> str:
+    # Resolving costs a system call per path component, on every message; a process has a
+    # few workspaces, and a session's tape must keep its name while the process runs anyway.
+    return _md5_16(str(Path(workspace).resolve()))
 
 
 def sidecar_name(tape: str, name: str) -> str:
