@@ -26,7 +26,7 @@ from .http_limits import ConnectionGuard, GuardedSite
 from .runtime import Runtime
 from .runtime.outfiles import OutFiles
 from .secrets import redact_url_passwords
-from .tape import TapeStore, open_store
+from .tape import TapeStore, open_store, parse_database_url
 from .tape.leases import owner_id
 
 if TYPE_CHECKING:
@@ -176,14 +176,15 @@ def start_mcp(settings: Settings, agent: Agent) -> McpManager | None:
     return manager
 
 
-def build_channels(settings: Settings) -> list[Channel]:
+def build_channels(settings: Settings, first_poll: Any = None) -> list[Channel]:
     """The configured channels. Each platform library is imported only when it is configured
-    (aiogram alone takes seconds to import)."""
+    (aiogram alone takes seconds to import). `first_poll`: Telegram's first long poll, sent
+    already (`early_poll`)."""
     found: list[Channel] = []
     if settings.telegram_enabled:
         from channels.telegram import TelegramChannel
 
-        found.append(TelegramChannel(settings))
+        found.append(TelegramChannel(settings, first_poll=first_poll))
     if settings.slack_enabled:
         from channels.slack import SlackChannel
 
@@ -305,9 +306,31 @@ class BotServer:
             await self._runner.cleanup()
 
 
+async def early_poll(settings: Settings) -> Any:
+    """Telegram's first long poll, sent before anything it does not need is loaded (aiogram,
+    the agent, the runtime): see channels/telegram_early.py. Only with Telegram polling and
+    one process (SQLite: with several replicas the poll needs the polling lease)."""
+    if not settings.telegram_enabled or settings.telegram_webhook_url:
+        return None
+    if parse_database_url(settings.database).kind != "sqlite" or not settings.telegram_token:
+        return None
+    from channels.telegram_early import FirstPoll
+
+    return await FirstPoll.begin(settings.telegram_token, settings.telegram_api_base, 30)
+
+
 async def serve(settings: Settings) -> int:
     """Run until SIGTERM/SIGINT; exit code 0 on a clean stop, 2 when nothing is configured."""
-    channels = build_channels(settings)
+    first_poll = await early_poll(settings)
+    try:
+        return await _serve(settings, first_poll)
+    finally:
+        if first_poll is not None:
+            await first_poll.close()  # unless the channel took it (then this does nothing)
+
+
+async def _serve(settings: Settings, first_poll: Any) -> int:
+    channels = build_channels(settings, first_poll)
     if not channels:
         log.error(NO_CHANNEL)
         return 2

@@ -56,6 +56,7 @@ from .base import (
 )
 from .telegram_approvals import TelegramApprovals
 from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
+from .telegram_early import FirstPoll
 from .telegram_files import TelegramFiles
 from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
@@ -86,6 +87,7 @@ class TelegramChannel:
         poll_timeout: int = 30,
         retry_base: float = 1.0,
         typing_interval: float = 4.0,
+        first_poll: FirstPoll | None = None,
     ) -> None:
         if not settings.telegram_token:
             raise ConfigError("BUB_TELEGRAM_TOKEN is not set")
@@ -101,6 +103,8 @@ class TelegramChannel:
             )
         self.username = ""
         self.bot_id = 0
+        self.first_poll = first_poll
+        """The first long poll, sent by `serve` before this module loaded (telegram_early)."""
         self._token = settings.telegram_token
         self._bot: Bot | None = None
         self._runtime: RuntimeLike | None = None
@@ -145,6 +149,15 @@ class TelegramChannel:
         )
         self._bot = Bot(self._token, session=session)
         where = base or "https://api.telegram.org"
+        first, self.first_poll = self.first_poll, None
+        if first is not None and not self.webhook_url:
+            # The token worked and the webhook is gone already: polling is on its way.
+            self.username, self.bot_id = first.username, first.bot_id
+            self._start_polling(runtime, first)
+            await self._register_commands()
+            return
+        if first is not None:
+            await first.close()
         try:
             me = await self._bot.get_me()
         except TelegramUnauthorizedError:
@@ -175,19 +188,24 @@ class TelegramChannel:
         else:
             # A webhook left over from webhook mode would make getUpdates fail; keep its backlog.
             await self._bot.delete_webhook(drop_pending_updates=False)
-            poller = Poller(
-                self._bot,
-                runtime,
-                self.bot_id,
-                self._stopping,
-                self._handle,
-                self._malformed,
-                self._scrub,
-                self.poll_timeout,
-                self.retry_base,
-            )
-            self._poller = asyncio.create_task(poller.run(), name="telegram-poll")
-            log.info("telegram.started mode=polling bot=@%s", self.username)
+            self._start_polling(runtime)
+
+    def _start_polling(self, runtime: RuntimeLike, first: FirstPoll | None = None) -> None:
+        assert self._bot is not None
+        poller = Poller(
+            self._bot,
+            runtime,
+            self.bot_id,
+            self._stopping,
+            self._handle,
+            self._malformed,
+            self._scrub,
+            self.poll_timeout,
+            self.retry_base,
+            first,
+        )
+        self._poller = asyncio.create_task(poller.run(), name="telegram-poll")
+        log.info("telegram.started mode=polling bot=@%s", self.username)
 
     async def stop(self) -> None:
         """Stop receiving. Sends still work (the runtime may finish running turns); the HTTP

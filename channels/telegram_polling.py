@@ -19,11 +19,12 @@ from aiogram.exceptions import (
 from aiogram.types import Update
 
 from .base import RuntimeLike
+from .telegram_early import ALLOWED_UPDATES, FirstPoll
 from .telegram_updates import Malformed, RawGetUpdates, read_update, update_id
 
-log = logging.getLogger("channels.telegram")
+__all__ = ["ALLOWED_UPDATES", "Poller"]
 
-ALLOWED_UPDATES = ["message", "callback_query"]
+log = logging.getLogger("channels.telegram")
 
 
 class Poller:
@@ -40,8 +41,11 @@ class Poller:
         scrub: Callable[[Any], str],
         poll_timeout: int,
         retry_base: float,
+        first: FirstPoll | None = None,
     ) -> None:
         self.bot = bot
+        self.first = first
+        """The poll `serve` sent before the channel loaded (telegram_early.py): the first."""
         self.runtime = runtime
         self.bot_id = bot_id
         self.stopping = stopping
@@ -109,6 +113,16 @@ class Poller:
         """One long poll (the updates as JSON values); None when `stop()` interrupted it or
         the polling lead was `lost`."""
         assert self.bot is not None
+        first, self.first = self.first, None
+        if first is not None:
+            try:
+                if not await self._unless_stopping(first.updates, lost):
+                    return None
+                found = first.updates.result()
+            finally:
+                await first.close()
+            if found is not None:
+                return found
         method = RawGetUpdates(
             offset=self.offset, timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
         )

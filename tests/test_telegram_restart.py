@@ -156,3 +156,26 @@ async def test_sigterm_finishes_the_running_turn_and_exits_0(
     proc.proc.send_signal(signal.SIGTERM)
     assert await proc.wait() == 0
     assert [m["text"] for m in tg.sent_to(USER)] == ["answered during shutdown"]
+
+
+async def test_the_first_poll_goes_out_before_the_rest_of_the_bot_loads(
+    serve, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """`serve` sends getMe, deleteWebhook and the first getUpdates before the channel (and
+    aiogram) is loaded; the channel takes that poll over: a message waiting at start is
+    answered once and confirmed."""
+    tg.push_update(tg.private_text(USER, "are you up?"))
+    proc = serve()
+    await proc.start()
+    await wait_until(lambda: len(tg.sent_to(USER)) >= 1)
+    names = [name for name, _ in tg.calls]
+    assert names[:3] == ["getMe", "deleteWebhook", "getUpdates"]
+    # The channel registers its commands once loaded: after the poll went out.
+    assert names.index("setMyCommands") > names.index("getUpdates")
+    assert names.count("getMe") == 1
+    await asyncio.sleep(0.3)  # room for a duplicate to show up (there must be none)
+    assert [m["text"] for m in tg.sent_to(USER)] == ["echo: are you up?"]
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGTERM)
+    assert await proc.wait() == 0
+    assert tg.pending_updates == []
