@@ -289,6 +289,8 @@ async def measure(
                 f"quiet chat, {label + ':':10}first draft {shown}, answer {done_in * scale:.2f} s"
                 f"  (unscaled seconds)"
             )  # fmt: skip
+    else:
+        print(f"quiet chat, mid-load: answer {load_quiet[1] * scale:.2f} s  (unscaled seconds)")
 
 
 def main() -> None:
