@@ -280,7 +280,7 @@ async def measure(
         print(
             f"drafts:              {drafts} sent, {pacer.dropped} dropped (their answer was ready)"
         )
-        print(f"typing:              {typing} sent (spare budget only)")
+        print(f"typing:              {typing} sent (only when no answer waits for the budget)")
         for label, (draft, done_in) in (("idle bot", idle_quiet), ("mid-load", load_quiet)):
             shown = (
                 f"{draft * scale:.3f} s" if draft is not None else "none (the answer came first)"

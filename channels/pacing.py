@@ -39,7 +39,7 @@ import contextlib
 import logging
 import math
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Hashable, Iterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
 
 from bub_bot.config import parse_rate
@@ -235,26 +235,14 @@ class Pacer:
             self._pump()
         return dropped
 
-    @contextlib.contextmanager
-    def spare(self) -> Iterator[bool]:
-        """A place in the overall window now, if a partial request could have one (no final
-        can go now, the reserve is kept, nothing is paused): the block is one request that
-        counts like any other. False: there is none; send nothing (nothing waits)."""
+    def spare(self) -> bool:
+        """Whether a partial request could go now (no final can, the reserve is kept,
+        nothing is paused): for something only worth sending now and not counted in any
+        window (typing), which is then skipped rather than queued."""
         now = self._now()
-        window = self.overall
-        free = self.paused_until <= now and not self._final_ready(now)
-        if free and window is not None:
-            free = window.free_at(now, partial=True) <= now
-        if not free:
-            yield False
-            return
-        if window is not None:
-            window.start()
-        try:
-            yield True
-        finally:
-            if window is not None:
-                self._release((window,))
+        if self.paused_until > now or self._final_ready(now):
+            return False
+        return self.overall is None or self.overall.free_at(now, partial=True) <= now
 
     def pause(self, key: Hashable, seconds: float) -> None:
         """Send nothing to `key` for `seconds` (what a 429's retry-after asks for)."""

@@ -13,9 +13,9 @@ Answers come first: a piece of an answer is a *final* request, a streamed draft 
 *partial* one (`partial=<the stream>`), which the pacer lets go only from budget no answer
 needs and drops when its answer is ready (channels/pacing.py). A partial that gets a 429 is
 not queued again (`Dropped`: the next update brings newer text). `sendChatAction` (typing)
-goes only when there is spare budget (`Pacer.spare`), counted in the overall window and not
-in the chat's (it is not a message); without spare budget that beat is skipped, and its 429s
-only pause the chats they name.
+is not counted (it is not a message) but goes only when a partial request could
+(`Pacer.spare`): while answers wait for the budget that beat is skipped. Its 429s only pause
+the chats they name.
 
 `call` takes a function of the Bot that builds the request when the turn comes, so a
 streaming edit sends the newest text at that moment rather than a stale one.
@@ -228,16 +228,13 @@ class TelegramOutbox:
             wait = self.typing_interval
             try:
                 chat_id = self._route(int(target["chat_id"]))
-                with self.pacer.spare() as free:
-                    if free:
-                        async with self._api() as bot:
-                            await bot.send_chat_action(
-                                chat_id,
-                                "typing",
-                                message_thread_id=int(thread) if thread else None,
-                            )
-                    else:
-                        wait = min(wait, SPARE_RETRY)  # answers use the budget: try soon
+                if self.pacer.spare():
+                    async with self._api() as bot:
+                        await bot.send_chat_action(
+                            chat_id, "typing", message_thread_id=int(thread) if thread else None
+                        )
+                else:
+                    wait = min(wait, SPARE_RETRY)  # answers use the budget: try again soon
             except asyncio.CancelledError:
                 raise
             except TelegramRetryAfter as exc:

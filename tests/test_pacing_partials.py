@@ -175,24 +175,30 @@ async def test_a_cancelled_partial_leaves_no_trace() -> None:
 
 async def test_spare_is_there_only_when_no_final_needs_the_budget() -> None:
     pacer = Pacer(overall=Rate(10, LONG), reserve=0.2)
-    with pacer.spare() as free:  # it counts in the window like any request
-        assert free
+    assert pacer.spare()
     held = Held(pacer)
-    for n in range(6):
+    for n in range(7):
         held.request(f"answer{n}")
     await held.settle()
-    with pacer.spare() as free:  # 7 in the window + this one leave the 2 reserved
-        assert free
-    held.request("answer6")
+    assert pacer.spare()  # 7 in the window: a partial would leave the 2 reserved
+    held.request("answer7")
     await held.settle()
-    with pacer.spare() as free:  # 9 of 10: this one would take the reserve
-        assert not free
+    assert not pacer.spare()  # 8 of 10: only the reserve is left
     for task in held.tasks:
         task.cancel()
-    paused = Pacer(overall=Rate(10, LONG))
-    paused.pause_all(LONG)
-    with paused.spare() as free:
-        assert not free
+    one = Pacer(overall=Rate(1, 0.001), reserve=0)
+    held = Held(one)
+    held.request("first")
+    await held.settle()
+    held.request("answer")
+    await held.settle()
+    assert not one.spare()  # the window is full
+    held.release()
+    await asyncio.gather(*held.tasks)
+    await asyncio.sleep(0.01)  # both left the window
+    assert one.spare()
+    one.pause_all(LONG)
+    assert not one.spare()
 
 
 async def test_under_a_backlog_of_finals_partials_wait_and_finals_keep_the_full_rate() -> None:
