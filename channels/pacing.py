@@ -49,9 +49,10 @@ log = logging.getLogger("channels.pacing")
 FLOOD_KEYS = 3
 """How many keys told to wait within `FLOOD_SPAN` seconds make a flood bot-wide."""
 FLOOD_SPAN = 1.0
-RESERVE = 0.1
+RESERVE = 0.25
 """The share of each window's count that partial requests leave free for finals (rounded
-down: a window of one request a second keeps none, 30 a second keep 3, 20 a minute keep 2)."""
+down: a window of one request a second keeps none, 30 a second keep 7, 20 a minute keep 5),
+so that a burst of answers right after a lull the partials used goes at once."""
 _SWEEP_EVERY = 256
 
 
