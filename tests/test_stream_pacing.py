@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
+from bub_bot.agent import Progress
 from bub_bot.config import Settings
+from bub_bot.runtime.streaming import TurnStream
+from bub_bot.tape import Tape
 from channels.base import Received
 from channels.telegram import TelegramChannel
 from channels.telegram_stream import TelegramStream
@@ -114,6 +117,35 @@ async def test_a_draft_not_sent_when_its_answer_is_ready_is_dropped(
     assert tg.drafts == [] and [m["text"] for m in tg.sent_to(7)] == ["half of the answer"]
     assert pacer.dropped == 1
     assert await stream.update("more") is True and tg.drafts == []  # the stream is over
+
+
+async def test_the_runtime_settles_at_once_when_its_draft_still_waits_for_the_budget(
+    channel: TelegramChannel, tg: FakeTelegram, tape: Tape, settings: Callable[..., Settings]
+) -> None:
+    """The runtime's TurnStream: the answer is complete while the stream's draft waits for
+    the bot-wide budget; settling (what comes before the answer is sent) drops the draft and
+    does not wait for the budget, so the answer is the next thing that goes."""
+    pacer = channel._outbox.pacer
+    shown = TurnStream(
+        stream_to(channel, 8),
+        tape=tape,
+        turn_id="t1",
+        channel="telegram",
+        settings=settings(stream=True),
+        emit=lambda *a, **k: None,
+    )
+    async with pacer.turn("someone else"):  # held until the answer is on its way
+        async with shown:
+            shown.progress(Progress("text", text="The answer so"))
+            await queued()
+            assert pacer.waiting == 1  # the draft, queued
+            await asyncio.wait_for(shown.settle(), 10)  # what the runtime does first
+        assert pacer.waiting == 0 and pacer.dropped == 1  # settled, budget still held
+        answer = asyncio.create_task(channel.send({"chat_id": 8}, "The answer so far."))
+        await queued()
+    await answer
+    assert tg.drafts == [] and [m["text"] for m in tg.sent_to(8)] == ["The answer so far."]
+    assert shown.first_visible is None  # no partial text was ever shown
 
 
 async def test_under_a_backlog_of_answers_drafts_wait_and_thin_out(
