@@ -26,7 +26,7 @@ from .delivery import Delivery
 from .facts import channel_of, is_pending, read_cursor, read_queue, unhandled_replies
 from .ingress import Ingress, inbound_arrival
 from .leases import Leadership, LeaseKeeper, Leases, LocalLeases
-from .placement import Placement
+from .placement import MOVED_TOPIC, Placement
 from .recovery import Recovery
 from .session import Session, Sessions
 from .subagents import BackgroundSubagents, SubagentWatchdog
@@ -63,7 +63,7 @@ class Runtime:
         """Rate limits and budgets (bub_bot/budgets): counters in the store."""
         agent.budgets = self.budgets
         self.sessions = Sessions(store, settings.workspace)
-        self.placement = Placement(settings, store)
+        self.placement = Placement(settings, store, shared=self.leases.shared)
         self.delivery = Delivery(self.channels, self._emit, settings)
         self.schedules = ScheduleBook(store, settings, clock)
         """A conversation's prompt jobs (the `schedule.*` tools, /schedules)."""
@@ -86,6 +86,9 @@ class Runtime:
             self._emit,
         )
         self.replicas = self.worker.replicas
+        # Moves recorded on one replica are heard by the others at once (placement.py).
+        self.placement.announce = self.replicas.broadcast
+        self.replicas.subscribe(MOVED_TOPIC, self.placement.heard_move)
         self.ingress = Ingress(
             store, self.placement, self.sessions, self.replicas, self._emit, self.budgets
         )
