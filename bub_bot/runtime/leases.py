@@ -162,7 +162,13 @@ class LeaseKeeper:
             await asyncio.sleep(self._next_renewal())
             if not self._held:
                 continue
-            await self.renew_now()
+            try:
+                await self.renew_now()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The loop must live on: it is also what stops work whose lease may lapse.
+                log.exception("lease.renewal_loop failed; going on")
 
     async def renew_now(self) -> None:
         """Extend every held lease; a lease found gone, or not renewed by its deadline (the
