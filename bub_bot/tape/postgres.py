@@ -30,7 +30,8 @@ import asyncpg
 from . import postgres_forks
 from .entries import TapeEntry, safe_text, utc_now
 from .forks import ForkPoint, Merged, lifecycle_events
-from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
+from .job_store import JobStore
+from .jobs import COLUMNS, Decide, Fired, JobRow, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .postgres_leases import WAITING, PostgresLeases
 from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
@@ -65,7 +66,7 @@ class _Refused(Exception):
     """Raised inside a write transaction to roll it back and return None."""
 
 
-class PostgresTapeStore(PostgresUsage, StoreBase):
+class PostgresTapeStore(JobStore, PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -74,6 +75,7 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
     """
 
     kind = "postgresql"
+    dialect = POSTGRES
 
     def __init__(
         self, pool: asyncpg.Pool, location: str, schema_version: int, url: str = ""
@@ -289,71 +291,19 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
             )
         return int(status.split()[-1])
 
-    # -- jobs ---------------------------------------------------------------------------------
-    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
-        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
-        added = await self._write(_add_job, job_row(job), limit)
-        return bool(added)
-
-    async def jobs(
-        self,
-        *,
-        session_id: str | None = None,
-        kinds: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[Job]:
-        """Jobs soonest first: all, or a session's, or of `kinds`."""
+    # -- jobs (tape/job_store.py) -----------------------------------------------------------
+    async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {COLUMNS} FROM bub_jobs WHERE ($1::text IS NULL OR session_id = $1)"
-                " AND ($2::text[] IS NULL OR kind = ANY($2::text[])) ORDER BY due, id LIMIT $3",
-                safe_text(session_id) if session_id is not None else None,
-                list(kinds) if kinds is not None else None,
-                limit,
-            )
-        return [row_job(r) for r in rows]
+            return await conn.fetch(sql, *args)  # one statement: its own transaction
 
-    async def remove_job(
-        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
-    ) -> Job | None:
-        """Delete a job (only a session's or of `kinds` when given); returns it."""
-        async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(
-                "DELETE FROM bub_jobs WHERE id = $1 AND ($2::text IS NULL OR session_id = $2)"
-                f" AND ($3::text[] IS NULL OR kind = ANY($3::text[])) RETURNING {COLUMNS}",
-                safe_text(job_id),
-                safe_text(session_id) if session_id is not None else None,
-                list(kinds) if kinds is not None else None,
-            )
-        return row_job(row) if row is not None else None
+    async def _insert_job(self, row: JobRow, limit: int | None) -> bool:
+        return bool(await self._write(_add_job, row, limit))
 
-    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
-        """The soonest due time of the jobs of `kinds` for `channels`."""
-        if not kinds or not channels:
-            return None
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                "SELECT min(due) FROM bub_jobs WHERE kind = ANY($1::text[])"
-                " AND channel = ANY($2::text[])",
-                list(kinds),
-                list(channels),
-            )
-
-    async def fire_jobs(
-        self,
-        now: float,
-        decide: Decide,
-        *,
-        kinds: Sequence[str],
-        channels: Sequence[str],
-        limit: int = 100,
+    async def _claim_jobs(
+        self, now: float, decide: Decide, kinds: list[str], channels: list[str], limit: int
     ) -> list[Fired]:
-        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore):
-        rows another replica is firing are skipped (`FOR UPDATE SKIP LOCKED`)."""
-        if not kinds or not channels:
-            return []
-        fired = await self._write(_fire_jobs, now, decide, list(kinds), list(channels), limit)
-        return fired or []
+        # Rows another replica is firing are skipped (`FOR UPDATE SKIP LOCKED`).
+        return await self._write(_fire_jobs, now, decide, kinds, channels, limit) or []
 
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
@@ -649,7 +599,7 @@ async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
     return archived
 
 
-async def _add_job(conn: asyncpg.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
+async def _add_job(conn: asyncpg.Connection, row: JobRow, limit: int | None) -> bool:
     if limit is not None:
         # One session's adds one at a time, so two at once cannot both pass the count.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bub_jobs:' || $1))", row[2])
@@ -675,14 +625,8 @@ async def _fire_jobs(
     limit: int,
 ) -> list[Fired]:
     stamp = utc_now()
-    rows = await conn.fetch(
-        f"SELECT {COLUMNS} FROM bub_jobs WHERE due <= $1 AND kind = ANY($2::text[])"
-        " AND channel = ANY($3::text[]) ORDER BY due, id LIMIT $4 FOR UPDATE SKIP LOCKED",
-        now,
-        kinds,
-        channels,
-        limit,
-    )
+    sql, args = POSTGRES.due_jobs(now, kinds, channels, limit)
+    rows = await conn.fetch(sql, *args)
     fired: list[Fired] = []
     # Tapes are locked in name order, so two replicas firing jobs of the same tapes never
     # wait for each other in a circle.

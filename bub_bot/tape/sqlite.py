@@ -17,7 +17,8 @@ from ..hardening import create_private_file, database_files, private_dir, privat
 from . import sqlite_forks
 from .entries import TapeEntry, safe_text, utc_now
 from .forks import ForkPoint, Merged, lifecycle_events
-from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
+from .job_store import JobStore
+from .jobs import COLUMNS, Decide, Fired, JobRow, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
@@ -45,10 +46,11 @@ from .store import (
 T = TypeVar("T")
 
 
-class SQLiteTapeStore(SQLiteUsage, StoreBase):
+class SQLiteTapeStore(JobStore, SQLiteUsage, StoreBase):
     """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
 
     kind = "sqlite"
+    dialect = SQLITE
 
     def __init__(self, conn: aiosqlite.Connection, path: str) -> None:
         self._conn = conn
@@ -165,55 +167,17 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
         found = await self._run(sqlite_forks.discard, name, archived, utc_now(), whole)
         return archived if found else None
 
-    # -- jobs ---------------------------------------------------------------------------------
-    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
-        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
-        return await self._run(_add_job, job_row(job), limit)
+    # -- jobs (tape/job_store.py) -----------------------------------------------------------
+    async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
+        return await self._run(_rows, sql, args, write)
 
-    async def jobs(
-        self,
-        *,
-        session_id: str | None = None,
-        kinds: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[Job]:
-        """Jobs soonest first: all, or a session's, or of `kinds`."""
-        where, args = _job_filter(session_id, kinds)
-        sql = f"SELECT {COLUMNS} FROM jobs{where} ORDER BY due, id LIMIT ?"
-        return await self._run(lambda c: [row_job(r) for r in c.execute(sql, (*args, limit))])
+    async def _insert_job(self, row: JobRow, limit: int | None) -> bool:
+        return await self._run(_add_job, row, limit)
 
-    async def remove_job(
-        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
-    ) -> Job | None:
-        """Delete a job (only a session's or of `kinds` when given); returns it."""
-        where, args = _job_filter(session_id, kinds)
-        where = f"{where} AND id = ?" if where else " WHERE id = ?"
-        sql = f"DELETE FROM jobs{where} RETURNING {COLUMNS}"
-        return await self._run(_remove_job, sql, (*args, safe_text(job_id)))
-
-    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
-        """The soonest due time of the jobs of `kinds` for `channels`."""
-        if not kinds or not channels:
-            return None
-        sql = (
-            f"SELECT min(due) FROM jobs WHERE kind IN ({_marks(kinds)})"
-            f" AND channel IN ({_marks(channels)})"
-        )
-        return await self._run(lambda c: c.execute(sql, (*kinds, *channels)).fetchone()[0])
-
-    async def fire_jobs(
-        self,
-        now: float,
-        decide: Decide,
-        *,
-        kinds: Sequence[str],
-        channels: Sequence[str],
-        limit: int = 100,
+    async def _claim_jobs(
+        self, now: float, decide: Decide, kinds: list[str], channels: list[str], limit: int
     ) -> list[Fired]:
-        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore)."""
-        if not kinds or not channels:
-            return []
-        return await self._run(_fire_jobs, now, decide, list(kinds), list(channels), limit)
+        return await self._run(_fire_jobs, now, decide, kinds, channels, limit)
 
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
@@ -334,22 +298,7 @@ def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | N
     return ids
 
 
-def _marks(values: Sequence[object]) -> str:
-    return ",".join("?" * len(values))
-
-
-def _job_filter(session_id: str | None, kinds: Sequence[str] | None) -> tuple[str, list[str]]:
-    clauses, args = [], []
-    if session_id is not None:
-        clauses.append("session_id = ?")
-        args.append(safe_text(session_id))
-    if kinds is not None:
-        clauses.append(f"kind IN ({_marks(kinds)})" if kinds else "0")
-        args.extend(kinds)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
-
-
-def _add_job(conn: sqlite3.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
+def _add_job(conn: sqlite3.Connection, row: JobRow, limit: int | None) -> bool:
     conn.execute("BEGIN IMMEDIATE")
     try:
         if limit is not None:
@@ -359,7 +308,7 @@ def _add_job(conn: sqlite3.Connection, row: tuple[Any, ...], limit: int | None) 
             if count >= limit:
                 conn.execute("ROLLBACK")
                 return False
-        conn.execute(f"INSERT INTO jobs ({COLUMNS}) VALUES ({_marks(row)})", row)
+        conn.execute(f"INSERT INTO jobs ({COLUMNS}) VALUES ({','.join('?' * len(row))})", row)
         conn.execute("COMMIT")
         return True
     except BaseException:
@@ -367,15 +316,17 @@ def _add_job(conn: sqlite3.Connection, row: tuple[Any, ...], limit: int | None) 
         raise
 
 
-def _remove_job(conn: sqlite3.Connection, sql: str, args: tuple[str, ...]) -> Job | None:
+def _rows(conn: sqlite3.Connection, sql: str, args: list[Any], write: bool) -> list[Any]:
+    if not write:
+        return conn.execute(sql, args).fetchall()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        row = conn.execute(sql, args).fetchone()
+        rows = conn.execute(sql, args).fetchall()
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return row_job(row) if row is not None else None
+    return rows
 
 
 def _fire_jobs(
@@ -390,11 +341,7 @@ def _fire_jobs(
     conn.execute("BEGIN IMMEDIATE")
     try:
         # Under the write lock: a job another process fired a moment ago has moved on.
-        rows = conn.execute(
-            f"SELECT {COLUMNS} FROM jobs WHERE due <= ? AND kind IN ({_marks(kinds)})"
-            f" AND channel IN ({_marks(channels)}) ORDER BY due, id LIMIT ?",
-            (now, *kinds, *channels, limit),
-        ).fetchall()
+        rows = conn.execute(*SQLITE.due_jobs(now, kinds, channels, limit)).fetchall()
         fired: list[Fired] = []
         for job in map(row_job, rows):
             firing = decide(job)
