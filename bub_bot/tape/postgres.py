@@ -30,13 +30,13 @@ import asyncpg
 from . import postgres_forks
 from .entries import TapeEntry, safe_text, utc_now
 from .forks import ForkPoint, Merged, lifecycle_events
-from .job_store import JobStore
 from .jobs import COLUMNS, Decide, Fired, JobRow, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .postgres_leases import WAITING, PostgresLeases
 from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
+from .statements import Statements
 from .store import (
     Append,
     Copies,
@@ -66,7 +66,7 @@ class _Refused(Exception):
     """Raised inside a write transaction to roll it back and return None."""
 
 
-class PostgresTapeStore(JobStore, PostgresUsage, StoreBase):
+class PostgresTapeStore(Statements, PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -291,7 +291,7 @@ class PostgresTapeStore(JobStore, PostgresUsage, StoreBase):
             )
         return int(status.split()[-1])
 
-    # -- jobs (tape/job_store.py) -----------------------------------------------------------
+    # -- statements (tape/statements.py) ------------------------------------------------------
     async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
         async with self.pool.acquire() as conn:
             return await conn.fetch(sql, *args)  # one statement: its own transaction
@@ -355,35 +355,6 @@ class PostgresTapeStore(JobStore, PostgresUsage, StoreBase):
         async with self.pool.acquire() as conn:
             rows = [TapeSummary(*r) for r in await conn.fetch(sql)]
         return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
-
-    async def session_tapes(self, session_id: str) -> list[str]:
-        """The live tapes of a session id (one per workspace it was used in)."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT name FROM bub_tapes WHERE session_id = $1 AND role = 'live' ORDER BY id",
-                safe_text(session_id),
-            )
-        return [row[0] for row in rows]
-
-    async def is_duplicate(self, key: str) -> bool:
-        """Whether a dedupe key has been recorded."""
-        async with self.pool.acquire() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM bub_dedupe WHERE key = $1)", safe_text(key)
-                )
-            )
-
-    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
-        """Recorded dedupe keys greater than `after`, in key order."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT key, tape, entry_id, date FROM bub_dedupe WHERE key > $1"
-                " ORDER BY key LIMIT $2",
-                after,
-                limit,
-            )
-        return [DedupeRecord(*r) for r in rows]
 
 
 # -- SQL helpers --------------------------------------------------------------------------------

@@ -242,6 +242,28 @@ class Dialect:
             sql += f" LIMIT {arg(spec.limit)}"
         return sql, args
 
+    # -- one-statement reads (tape/statements.py) -----------------------------------------------
+    def is_duplicate(self, key: str) -> tuple[str, list[Any]]:
+        """A row when the dedupe key is recorded."""
+        return f"SELECT 1 FROM {self.prefix}dedupe WHERE key = {self.param}1", [key]
+
+    def dedupe(self, after: str, limit: int) -> tuple[str, list[Any]]:
+        """Recorded dedupe keys greater than `after`, in key order."""
+        p = self.param
+        sql = (
+            f"SELECT key, tape, entry_id, date FROM {self.prefix}dedupe WHERE key > {p}1"
+            f" ORDER BY key LIMIT {p}2"
+        )
+        return sql, [after, limit]
+
+    def session_tapes(self, session_id: str) -> tuple[str, list[Any]]:
+        """The names of a session id's live tapes, oldest first."""
+        sql = (
+            f"SELECT name FROM {self.prefix}tapes WHERE session_id = {self.param}1"
+            " AND role = 'live' ORDER BY id"
+        )
+        return sql, [session_id]
+
     # -- jobs (tape/jobs.py) -------------------------------------------------------------------
     def jobs(
         self, session_id: str | None, kinds: Sequence[str] | None, limit: int

@@ -17,12 +17,12 @@ from ..hardening import create_private_file, database_files, private_dir, privat
 from . import sqlite_forks
 from .entries import TapeEntry, safe_text, utc_now
 from .forks import ForkPoint, Merged, lifecycle_events
-from .job_store import JobStore
 from .jobs import COLUMNS, Decide, Fired, JobRow, row_job
 from .names import SIDECAR_SEP, archive_name, tape_role
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .sqlite_usage import SQLiteUsage, add_usage
+from .statements import Statements
 from .store import (
     Append,
     Copies,
@@ -46,7 +46,7 @@ from .store import (
 T = TypeVar("T")
 
 
-class SQLiteTapeStore(JobStore, SQLiteUsage, StoreBase):
+class SQLiteTapeStore(Statements, SQLiteUsage, StoreBase):
     """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
 
     kind = "sqlite"
@@ -167,7 +167,7 @@ class SQLiteTapeStore(JobStore, SQLiteUsage, StoreBase):
         found = await self._run(sqlite_forks.discard, name, archived, utc_now(), whole)
         return archived if found else None
 
-    # -- jobs (tape/job_store.py) -----------------------------------------------------------
+    # -- statements (tape/statements.py) ------------------------------------------------------
     async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
         return await self._run(_rows, sql, args, write)
 
@@ -190,18 +190,6 @@ class SQLiteTapeStore(JobStore, SQLiteUsage, StoreBase):
     async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
         """Live tapes, most recently active first (sidecars and archives only with include_all)."""
         return await self._run(_list_tapes, include_all)
-
-    async def is_duplicate(self, key: str) -> bool:
-        """Whether a dedupe key has been recorded."""
-        return await self._run(_has_key, safe_text(key))
-
-    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
-        """Recorded dedupe keys greater than `after`, in key order."""
-        return await self._run(_dedupe_records, after, limit)
-
-    async def session_tapes(self, session_id: str) -> list[str]:
-        """The live tapes of a session id (one per workspace it was used in)."""
-        return await self._run(_session_tapes, safe_text(session_id))
 
 
 # -- functions run on the database thread --------------------------------------------------
@@ -489,23 +477,3 @@ def _list_tapes(conn: sqlite3.Connection, include_all: bool) -> list[TapeSummary
         sql += " WHERE t.role = 'live'"
     rows = [TapeSummary(*row) for row in conn.execute(sql)]
     return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
-
-
-def _has_key(conn: sqlite3.Connection, key: str) -> bool:
-    return conn.execute("SELECT 1 FROM dedupe WHERE key = ?", (key,)).fetchone() is not None
-
-
-def _dedupe_records(conn: sqlite3.Connection, after: str, limit: int) -> list[DedupeRecord]:
-    rows = conn.execute(
-        "SELECT key, tape, entry_id, date FROM dedupe WHERE key > ? ORDER BY key LIMIT ?",
-        (after, limit),
-    )
-    return [DedupeRecord(*r) for r in rows]
-
-
-def _session_tapes(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    rows = conn.execute(
-        "SELECT name FROM tapes WHERE session_id = ? AND role = 'live' ORDER BY id",
-        (session_id,),
-    )
-    return [row[0] for row in rows]

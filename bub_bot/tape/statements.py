@@ -1,8 +1,10 @@
-"""The job operations of both stores (tape/jobs.py), written once.
+"""The operations of both stores that are one statement (dedupe keys, a session's tapes,
+jobs: tape/jobs.py), written once.
 
 The statements come from the store's `Dialect` (tape/query.py); what differs between the
-databases is only how a statement runs (`_rows`) and the two operations whose transaction is
-the point (`_insert_job`, `_claim_jobs`: a count under a lock, a claim with writes).
+databases is only how a statement runs (`_rows`) and the two job operations whose
+transaction is the point (`_insert_job`, `_claim_jobs`: a count under a lock, a claim with
+writes).
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .entries import safe_text
 from .jobs import Decide, Fired, Job, JobRow, job_row, row_job
 from .query import Dialect
+from .store import DedupeRecord
 
 
-class JobStore:
-    """`add_job`, `jobs`, `remove_job`, `next_due` and `fire_jobs` of the TapeStore
-    interface, on top of a few database-specific methods."""
+class Statements:
+    """`is_duplicate`, `dedupe_records`, `session_tapes` and the job operations of the
+    TapeStore interface, on top of a few database-specific methods."""
 
     dialect: Dialect
 
@@ -33,6 +37,19 @@ class JobStore:
     ) -> list[Fired]:
         """Fire the due jobs (`Dialect.due_jobs`) in one transaction (see TapeStore)."""
         raise NotImplementedError
+
+    async def is_duplicate(self, key: str) -> bool:
+        """Whether a dedupe key has been recorded."""
+        return bool(await self._rows(*self.dialect.is_duplicate(safe_text(key))))
+
+    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
+        """Recorded dedupe keys greater than `after`, in key order."""
+        return [DedupeRecord(*r) for r in await self._rows(*self.dialect.dedupe(after, limit))]
+
+    async def session_tapes(self, session_id: str) -> list[str]:
+        """The live tapes of a session id (one per workspace it was used in)."""
+        rows = await self._rows(*self.dialect.session_tapes(safe_text(session_id)))
+        return [row[0] for row in rows]
 
     async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
         """Store a new job (with `limit`: only while its session has fewer of its kind)."""
