@@ -131,7 +131,9 @@ async def test_the_session_is_free_again_after_a_cut(make_runtime, fake_openai) 
     fake_openai.script(endless())
     await channel.say("go on for ever")
     await idle(runtime, "test:a")
-    assert channel.platform.calls("update") and channel.platform.calls("reset")
+    assert channel.platform.calls("update")
+    # Taken back: by a `reset`, or (when the turn ends before the stream's next update
+    # would go out, which drops the pending reset) by the notice replacing the partial.
     assert TOO_LONG in channel.texts("a")[-1]
     assert all("la la" not in m for m in channel.platform.messages.values())
     await channel.say("now briefly")
