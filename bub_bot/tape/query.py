@@ -1,7 +1,8 @@
 """Queries: a query's filters (`QuerySpec`, checked once for every store) and the SQL both
-stores run for it. The two databases differ in a few spellings (table names, parameters,
-a few functions, how a list of names is passed); those are data (`Dialect`), so one builder
-writes both stores' statements.
+stores run for it, and for the one-statement operations of statements.py (dedupe keys, a
+session's tapes, jobs). The two databases differ in a few spellings (table names,
+parameters, a few functions, how a list of names is passed, how due jobs are claimed); those
+are data (`Dialect`), so one builder writes both stores' statements.
 """
 
 from __future__ import annotations
