@@ -258,8 +258,10 @@ async def measure(
     print(f"delivered:           {delivered}  lost: {lost}  once and in order: {in_order}")
     print(f"wall time:           {wall:.2f} s  (the overall limit alone allows >= {bound:.2f} s)")
     print(f"sends/s:             {delivered / wall:.1f}  (limit {30:g} in any {1 / scale:g} s)")
+    by_method = ", ".join(f"{m} {n}" for m, n in sorted(limits.rejected_by_method.items()))
     print(
         f"429s:                {rejected} of {requests} requests ({100 * rejected / max(requests, 1):.2f} %)"
+        + (f"  (by method: {by_method})" if by_method else "")
     )
     print(f"came back too early: {limits.ignored_retry_after}")
     print(
