@@ -179,3 +179,30 @@ async def test_the_first_poll_goes_out_before_the_rest_of_the_bot_loads(
     proc.proc.send_signal(signal.SIGTERM)
     assert await proc.wait() == 0
     assert tg.pending_updates == []
+
+
+async def test_a_rejected_token_still_stops_the_start_with_one_clear_line(
+    tg: FakeTelegram, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The early poll gives up quietly on a token the Bot API rejects; the channel's own
+    start then says so, as before."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUB_", "OPENAI_"))}
+    env.update(
+        BUB_TELEGRAM_TOKEN="999:wrong-token",
+        BUB_TELEGRAM_API_BASE=tg.base_url,
+        OPENAI_BASE_URL=fake_openai.base_url,
+        OPENAI_API_KEY="sk-test",
+        BUB_HOME=str(tmp_path / "home"),
+        BUB_HOST="127.0.0.1",
+        PORT=str(free_port()),
+    )
+    bin_ = Path(sys.executable).with_name("bub-bot")
+    proc = await asyncio.create_subprocess_exec(
+        str(bin_), "serve", env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "BUB_TELEGRAM_TOKEN was rejected by the Bot API" in out.decode()
+    assert "wrong-token" not in out.decode()
+    assert tg.calls_of("getUpdates") == []
