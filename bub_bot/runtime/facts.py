@@ -19,6 +19,9 @@ DONE = "inbound.done"
 REPLY_SENT = "reply.sent"
 REPLY_UNKNOWN = "reply.unknown"
 """A piece the platform may or may not have posted: never sent again."""
+REPLY_SENDING = "reply.sending"
+"""A reply's first piece is about to go out (`delivery.py`): another replica that takes the
+session over waits for its record before sending it again."""
 
 
 def is_pending(entry: TapeEntry) -> bool:
@@ -66,6 +69,16 @@ def unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
         if e.kind == "event" and e.payload.get("name") == DONE
     }
     return [e for e in items if is_reply(e) and e.id not in handled]
+
+
+def marks_itself(reply: TapeEntry) -> bool:
+    """A reply written by a turn, which delivers it at once: the reply entry itself says its
+    first piece is being sent (no `reply.sending` of its own: the plain path's last append
+    carries the mark)."""
+    if reply.kind == "message":
+        return "turn" in reply.meta
+    data = reply.payload.get("data")
+    return isinstance(data, dict) and "turn" in data
 
 
 def seen_through(reply: TapeEntry) -> int | None:
