@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from bub_bot.runtime.facts import DONE, REPLY_SENT, read_cursor
+from bub_bot.runtime.facts import DONE, REPLY_SENDING, REPLY_SENT, read_cursor
 from bub_bot.runtime.records import Records, RecordsFull
 from bub_bot.tape import Tape, TapeEntry, TapeStore, open_store
 from tests.pg import PostgresCluster
+from tests.runtime_channel import idle, make_runtime, tape_of
 from tests.tcp_proxy import TcpProxy
+
+__all__ = ["make_runtime"]  # the fixture
 
 SESSION = "test:records"
 
@@ -93,3 +96,20 @@ async def test_waiting_records_are_bounded(
         await records.write(tape, [sent(2)])
     proxy.restore()
     assert len(await asyncio.wait_for(first, 10)) == 1
+
+
+async def test_only_a_reply_delivered_by_the_queue_writes_a_sending_mark(
+    make_runtime, fake_openai
+) -> None:
+    """A plain turn's answer marks itself (no write of its own, fewer transactions); the
+    /reset reply, delivered by whoever runs the queue next, is marked before it goes out."""
+    runtime, channel = make_runtime()
+    await channel.say("hello", key="upd-1")
+    await idle(runtime, "test:a")
+    tape = tape_of(runtime, "test:a")
+    assert await tape.query(kinds=["event"], names=[REPLY_SENDING]) == []
+    await channel.say("/reset", key="upd-2")
+    await idle(runtime, "test:a")
+    names = [e.payload["name"] for e in await tape.query(kinds=["event"])]
+    assert names.index(REPLY_SENDING) < names.index(REPLY_SENT)
+    assert channel.texts("a")[0] == "echo: hello" and len(channel.texts("a")) == 2

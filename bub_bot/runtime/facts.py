@@ -72,13 +72,13 @@ def unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
 
 
 def marks_itself(reply: TapeEntry) -> bool:
-    """A reply written by a turn, which delivers it at once: the reply entry itself says its
-    first piece is being sent (no `reply.sending` of its own: the plain path's last append
-    carries the mark)."""
-    if reply.kind == "message":
-        return "turn" in reply.meta
-    data = reply.payload.get("data")
-    return isinstance(data, dict) and "turn" in data
+    """Whether the reply entry itself says its first piece is being sent: a reply written by
+    the worker that delivers it at once (a turn's answer or notice, an approval request, a
+    command's reply), so the write that records it carries the mark and the plain path writes
+    nothing more. A reply that carries its own target (the /reset reply, a schedule's or a
+    limit's notice) is delivered by whoever runs the session's queue next: it gets a
+    `reply.sending` of its own before it goes out."""
+    return "reply_target" not in reply.meta
 
 
 def seen_through(reply: TapeEntry) -> int | None:
