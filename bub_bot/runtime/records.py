@@ -79,6 +79,8 @@ class Records:
             log.error("record.full session=%s waiting=%d", tape.session_id, self.waiting)
             raise RecordsFull(f"{self.waiting} records wait for the database")
         job = _Write(tape, list(entries), asyncio.get_running_loop().create_future())
+        # A caller that stopped waiting never reads a lost record's error (logged already).
+        job.done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._queues.setdefault(tape.name, deque()).append(job)
         if tape.name not in self._writers:
             self._writers[tape.name] = asyncio.get_running_loop().create_task(

@@ -12,6 +12,14 @@ Crash safety: the platform ids of every message that shows partial text are reco
 final piece appear in `reply.sent` / `reply.unknown`, ids the final answer did not need in
 `stream.closed`. Whatever is left open after a crash is taken over by the next delivery to
 the session (`leftover`), which edits it into the answer: never two answers, never one lost.
+
+Database outages: before a turn's stream shows its first partial text it writes
+`stream.opening` (once per streamed turn), and `stream.shown` counts as recorded only once it
+is written (`records.py` retries it until the database is back). A replica that takes over a
+session whose newest opening has no `stream.shown` yet waits up to a lease period for it
+(`await_partial`): its sender, cut from the database, writes it as soon as it can. A sender
+that died never does: after the wait the answer comes as a new message (as before). A stream
+that only ever showed a draft (no message id) costs such a takeover the same wait.
 """
 
 from __future__ import annotations
