@@ -5,11 +5,19 @@ import is still a dependency, only a hidden one) and under `if TYPE_CHECKING:` (
 the module it comes from, and a reader has to go there). Importing `a.b.c` from outside the
 package `a.b` also runs `a/b/__init__.py`, so it depends on that package too; a module inside
 a package does not depend on its own packages that way (they are imported before it runs).
+A circle dodged with a lazy import is still a circle: this check names it.
+
+Two walls besides (DESIGN.md, "Imports point one way"): the core knows nothing about Slack,
+Telegram or the web page (of `channels` it imports only the contract, `channels.base`, and
+no platform library; only the wiring, `server`, `__main__` and `cli`, imports the channels
+themselves), and the channels know nothing about SQL (no database driver: they reach the
+tape through the store interface).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +35,25 @@ def modules(root: Path, packages: tuple[str, ...]) -> dict[str, tuple[Path, bool
     return found
 
 
+def imported(path: Path, here: str, known: Collection[str] = ()) -> set[str]:
+    """The absolute dotted names a file imports anywhere in it (`here`: its package, for
+    relative imports; `known`: modules, so `from pkg import mod` counts as `pkg.mod`)."""
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                base = ".".join([*package, *([node.module] if node.module else [])])
+            for alias in node.names:
+                # `from pkg import mod` imports the module `pkg.mod`; else a name of `pkg`.
+                sub = f"{base}.{alias.name}"
+                targets.add(sub if sub in known else base)
+    return targets
+
+
 def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
     """Module -> the modules of `packages` it imports (see the module docstring)."""
     known = modules(root, packages)
@@ -39,19 +66,7 @@ def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, (path, is_package) in known.items():
         here = name if is_package else name.rpartition(".")[0]
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    package = here.split(".")[: len(here.split(".")) - (node.level - 1)]
-                    base = ".".join([*package, *([node.module] if node.module else [])])
-                for alias in node.names:
-                    # `from pkg import mod` imports the module `pkg.mod`; else a name of `pkg`.
-                    sub = f"{base}.{alias.name}"
-                    targets.add(sub if sub in known else base)
+        targets = imported(path, here, known)
         edges: set[str] = set()
         for target in targets:
             module = resolve(target)
@@ -113,6 +128,94 @@ def test_no_modules_import_each_other() -> None:
     assert found == [], "imports that go in a circle: " + " | ".join(
         describe(graph, group) for group in found
     )
+
+
+WIRING = {"bub_bot.server", "bub_bot.__main__", "bub_bot.cli"}
+"""The core modules that put the channels together with the runtime."""
+CONTRACT = "channels.base"
+"""What the core and the channels agree on (Channel, Inbound, deliveries)."""
+PLATFORM_LIBRARIES = ("slack_bolt", "slack_sdk", "aiogram")
+DATABASE_DRIVERS = ("sqlite3", "aiosqlite", "asyncpg", "psycopg", "psycopg2")
+
+
+def all_imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> every name it imports (absolute, dotted), for the modules of `packages`."""
+    known = modules(root, packages)
+    return {
+        name: imported(path, name if is_package else name.rpartition(".")[0], known)
+        for name, (path, is_package) in known.items()
+    }
+
+
+def within(name: str, roots: tuple[str, ...]) -> bool:
+    """Whether `name` is one of `roots` or inside one."""
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def platform_imports(imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Core modules -> what they import of a platform (a channel or a platform library)."""
+    wrong = {
+        module: sorted(
+            name
+            for name in names
+            if within(name, PLATFORM_LIBRARIES)
+            or (module not in WIRING and within(name, ("channels",)) and name != CONTRACT)
+        )
+        for module, names in imports.items()
+        if within(module, ("bub_bot",))
+    }
+    return {module: names for module, names in wrong.items() if names}
+
+
+def sql_imports(imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Channel modules -> the database drivers they import."""
+    wrong = {
+        module: sorted(name for name in names if within(name, DATABASE_DRIVERS))
+        for module, names in imports.items()
+        if within(module, ("channels",))
+    }
+    return {module: names for module, names in wrong.items() if names}
+
+
+def test_the_core_knows_nothing_about_the_platforms() -> None:
+    imports = all_imports(ROOT, ("bub_bot",))
+    assert len(imports) > 50  # the core was read
+    wrong = platform_imports(imports)
+    assert wrong == {}, f"core modules that import a platform: {wrong}"
+
+
+def test_the_channels_know_nothing_about_sql() -> None:
+    imports = all_imports(ROOT, ("channels",))
+    assert len(imports) > 20  # the channels were read
+    wrong = sql_imports(imports)
+    assert wrong == {}, f"channel modules that import a database driver: {wrong}"
+
+
+def test_the_walls_see_lazy_imports(tmp_path: Path) -> None:
+    def write(name: str, text: str) -> None:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    for package in ("bub_bot", "channels", "channels/web"):
+        write(f"{package}/__init__.py", "")
+    write("channels/base.py", "")
+    write("channels/slack.py", "def f():\n    import asyncpg.pool\n")
+    write("channels/web/history.py", "from sqlite3 import connect\nfrom bub_bot import tape\n")
+    write("bub_bot/tape.py", "")
+    write("bub_bot/runtime.py", "from channels.base import Channel\nfrom channels import base\n")
+    write("bub_bot/turns.py", "def f():\n    from channels.web import history\n")
+    write("bub_bot/slacky.py", "import slack_sdk.web\n")
+    write("bub_bot/server.py", "from channels.slack import f\n")  # wiring may
+    imports = all_imports(tmp_path, ("bub_bot", "channels"))
+    assert platform_imports(imports) == {
+        "bub_bot.turns": ["channels.web.history"],
+        "bub_bot.slacky": ["slack_sdk.web"],
+    }
+    assert sql_imports(imports) == {
+        "channels.slack": ["asyncpg.pool"],
+        "channels.web.history": ["sqlite3"],
+    }
 
 
 def test_the_check_sees_lazy_type_only_and_package_imports(tmp_path: Path) -> None:

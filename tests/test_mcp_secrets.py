@@ -182,3 +182,42 @@ async def test_tools_keeps_an_http_status_in_the_short_reason(
     reply = await say(bot, channel, "/tools")
     assert "MCP server locked (http): " in reply
     assert "HTTP 401 Unauthorized (check the headers)" in reply
+
+
+async def test_fs_read_in_a_turn_applies_the_agents_scrubber(
+    tmp_path: Path, fake_openai, agent, tape, workspace
+):
+    """A turn's fs.read redacts with the agent's own scrubber (an MCP server's secret in it),
+    also where a page cuts a secret in half: only the tool, which reads the text around its
+    page, can tell that half is a secret (the loop's scrubbing of the result cannot)."""
+    token = "server-a-token-123"
+    config = tmp_path / "mcp.json"
+    server = {"command": "a-mcp", "env": {"A_TOKEN": token}}
+    config.write_text(json.dumps({"mcpServers": {"a": server}}))
+    notes = f"before {token} after; also team-only-42"
+    (workspace / "notes.txt").write_text(notes, "utf-8")
+    bot = agent(mcp_config=config)
+    assert token in bot.scrub.secrets  # the agent's scrubber knows the server's secret
+    # The agent's scrubber, not one made from settings per call, is what the tool applies:
+    # one that also knows a value no setting holds redacts its halves too.
+    bot.scrub = type(bot.scrub)([*bot.scrub.secrets, "team-only-42"])
+    middle = notes.index("team-only-42") + len("team-")
+    fake_openai.script(
+        tool_calls(
+            [
+                ("fs_read", {"path": "notes.txt", "limit": 14}),  # ends inside the token
+                ("fs_read", {"path": "notes.txt", "offset": 14, "limit": middle - 14}),
+                ("fs_read", {"path": "notes.txt", "offset": middle}),  # "only-42"
+            ]
+        ),
+        text("read"),
+    )
+    result = await bot.run_turn(tape, [{"role": "user", "content": "read notes"}])
+    assert result.status == "ok"
+    messages = fake_openai.completion_requests()[1].body["messages"]
+    pages = [m["content"].split("\n\n[fs_read")[0] for m in messages if m["role"] == "tool"]
+    assert pages == ["before [redacted]", "[redacted] after; also [redacted]", "[redacted]"]
+    sent = json.dumps([r.body for r in fake_openai.completion_requests()])
+    stored = json.dumps([e.payload for e in await tape.query()])
+    for part in ("server-a", "token-123", "team-", "only-42"):
+        assert part not in sent and part not in stored

@@ -11,10 +11,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import openai  # noqa: F401  (imported up front: see `client`)
 import pytest
 
-from bub_bot.agent import ModelClient, ModelError, Progress
-from tests.fakes.openai_server import FakeOpenAI, endless, rate_limited, streamed, text
+from bub_bot.agent import ContextOverflow, ModelClient, ModelError, Progress
+from tests.fakes.openai_server import (
+    FakeOpenAI,
+    broken,
+    endless,
+    overflow_openai,
+    rate_limited,
+    stream_error,
+    streamed,
+    text,
+)
 from tests.runtime_channel import idle, make_runtime
 from tests.test_stream_runtime import StreamingChannel
 
@@ -26,6 +36,9 @@ TOO_LONG = "The model took too long to answer. Please try again."
 
 @pytest.fixture
 async def client(settings):
+    """Model clients with a 0.5 s deadline. The SDK is imported when this module is (the
+    client imports it on its first call, inside the deadline: on a busy machine the import
+    alone could take the 0.5 s, and a stream would be cut before it showed anything)."""
     made: list[ModelClient] = []
 
     def make(**overrides: Any) -> ModelClient:
@@ -118,9 +131,61 @@ async def test_the_session_is_free_again_after_a_cut(make_runtime, fake_openai) 
     fake_openai.script(endless())
     await channel.say("go on for ever")
     await idle(runtime, "test:a")
-    assert channel.platform.calls("update") and channel.platform.calls("reset")
+    assert channel.platform.calls("update")
+    # Taken back: by a `reset`, or (when the turn ends before the stream's next update
+    # would go out, which drops the pending reset) by the notice replacing the partial.
     assert TOO_LONG in channel.texts("a")[-1]
     assert all("la la" not in m for m in channel.platform.messages.values())
     await channel.say("now briefly")
     await idle(runtime, "test:a")
     assert channel.texts("a")[-1] == "echo: now briefly"
+
+
+# -- the three take-backs (fallback, overflow, deadline) -------------------------------------
+class FailingWatcher:
+    """Records progress and fails on `reset`, as a channel whose take-back breaks does."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def __call__(self, progress: Progress) -> None:
+        self.kinds.append(progress.kind)
+        if progress.kind == "reset":
+            raise RuntimeError("the channel could not take it back")
+
+
+async def test_a_failing_take_back_never_hides_the_answer_or_the_error(
+    fake_openai: FakeOpenAI, client
+):
+    """Each way a streamed step ends early takes back what it showed once; a watcher that
+    fails then is logged, and the step still answers (fallback) or raises its own error."""
+    # A broken stream: the plain request's answer.
+    fake_openai.script(broken(text("partial answer that breaks"), after=3), text("whole answer"))
+    watch = FailingWatcher()
+    assert (await client().complete(USER, on_progress=watch)).content == "whole answer"
+    assert "text" in watch.kinds and watch.kinds.count("reset") == 1
+    # An overflow inside the stream: ContextOverflow, not the watcher's error.
+    fake_openai.script(stream_error(overflow_openai().body, after=3, reply=text("half of it")))
+    watch = FailingWatcher()
+    with pytest.raises(ContextOverflow):
+        await client().complete(USER, on_progress=watch)
+    assert "text" in watch.kinds and watch.kinds.count("reset") == 1
+    # The deadline: the timeout, not the watcher's error.
+    fake_openai.script(endless())
+    watch = FailingWatcher()
+    with pytest.raises(ModelError) as caught:
+        await client().complete(USER, on_progress=watch)
+    assert caught.value.user_message == TOO_LONG and watch.kinds.count("reset") == 1
+
+
+async def test_a_fallback_cut_by_the_deadline_is_taken_back_once(fake_openai: FakeOpenAI, client):
+    """The fallback took the partial back; its plain request then runs into the deadline:
+    nothing is shown any more, so the deadline path takes nothing back a second time."""
+    fake_openai.script(broken(text("partial answer that breaks"), after=3), endless())
+    seen: list[Progress] = []
+    with pytest.raises(ModelError) as caught:
+        await client().complete(USER, on_progress=seen.append)
+    assert caught.value.user_message == TOO_LONG
+    kinds = [p.kind for p in seen]
+    assert "text" in kinds and kinds.count("reset") == 1 and kinds[-1] == "reset"
+    assert len(fake_openai.completion_requests()) == 2

@@ -173,6 +173,24 @@ async def test_the_conversation_list_shows_web_conversations_newest_first(web) -
     assert [r["title"] for r in rows] == ["hello again", "the first conversation"]
 
 
+async def test_one_conversation_reads_as_its_row_of_the_list(web) -> None:
+    """What the page reads after new entries: the one conversation, the same row the whole
+    list gives it; 404 while nothing is stored (and for an id that is not one)."""
+    w = await web()
+    chat = w.chat
+    first, second = await chat.new_conversation(), await chat.new_conversation()
+    assert (await chat.get_json(f"/api/conversations/{first}"))[0] == 404
+    assert (await chat.get_json("/api/conversations/bad!id"))[0] == 404
+    await chat.post(first, "the  first\nconversation")
+    await chat.post(second, "another one")
+    await w.idle(first)
+    await w.idle(second)
+    _, listing = await chat.get_json("/api/conversations")
+    status, row = await chat.get_json(f"/api/conversations/{first}")
+    assert status == 200 and row["title"] == "the first conversation"
+    assert row == next(r for r in listing["conversations"] if r["id"] == first)
+
+
 async def test_commands_work_from_the_web(web, fake_openai) -> None:
     w = await web()
     chat = w.chat

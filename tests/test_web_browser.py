@@ -196,6 +196,36 @@ async def test_chat_answers_commands_and_reload(served: Served, logged_in: Brows
     await page.close()
 
 
+async def test_new_entries_read_this_conversation_not_the_list(
+    served: Served, logged_in: BrowserContext
+) -> None:
+    """Each `entries` event changes one conversation: the page reads that one's row (its
+    title and time), never the whole list again."""
+    page = await _chat_page(logged_in, served)
+    reads: list[str] = []
+    page.on(
+        "request",
+        lambda r: (
+            reads.append(r.url.split("/api/", 1)[1])
+            if r.method == "GET" and "/api/conversations" in r.url and not r.url.endswith("/events")
+            else None
+        ),
+    )
+    bot = page.locator("#messages .item.bot")
+    for n, question in enumerate(["the first question", "a second one", "and a third"], 1):
+        served.fake.script(text(f"answer {n}"))
+        await _say(page, question)
+        await expect(bot).to_have_count(n)
+        await expect(bot.last).to_contain_text(f"answer {n}")
+    current = page.locator("#conversations a.current")
+    await expect(current).to_have_text("the first question")
+    await expect(current).to_have_count(1)
+    assert "conversations" not in reads  # the list itself: not read again
+    conversation = page.url.split("#", 1)[1]
+    assert reads and set(reads) == {f"conversations/{conversation}"}
+    await page.close()
+
+
 async def test_markup_from_the_model_never_runs(served: Served, logged_in: BrowserContext) -> None:
     page = await _chat_page(logged_in, served)
     served.fake.script(

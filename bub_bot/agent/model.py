@@ -40,7 +40,6 @@ from .model_errors import (
 )
 from .streaming import (
     Assembler,
-    Progress,
     ProgressCallback,
     StreamBroken,
     StreamErrorEvent,
@@ -163,14 +162,13 @@ class ModelClient:
                         log.warning(
                             "model.stream_fallback base_url=%s: %s", public_url(self.base_url), exc
                         )
-                        if watch.shown:
-                            watch(Progress("reset"))
+                        watch.take_back()  # the plain request answers it again
                 return await self._plain(body, options)
         except TimeoutError:
             if not bound.expired():
                 raise
-            if watch is not None and watch.shown:
-                watch.reset()  # the channel takes back what it showed; no fallback request
+            if watch is not None:
+                watch.take_back()  # the channel takes back what it showed; no fallback request
             raise ModelError(
                 f"model request timed out: no whole answer within {deadline:g} s",
                 TIMED_OUT_MESSAGE,
@@ -255,8 +253,7 @@ class ModelClient:
                 calls = tool_calls_of({"tool_calls": parts.tool_calls})
             except StreamErrorEvent as exc:
                 if is_overflow_error(exc.error):
-                    if watch.shown:
-                        watch(Progress("reset"))  # the retry after a handoff follows
+                    watch.take_back()  # the retry after a handoff follows
                     raise self._overflow(str(exc)) from None
                 raise _Fallback(
                     self._scrub.text(f"an error event in the stream: {str(exc)[:300]}")

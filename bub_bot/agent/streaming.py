@@ -69,9 +69,12 @@ class Watch:
         self.shown = progress.kind != "reset"
         self.callback(progress)
 
-    def reset(self) -> None:
-        """Take back what was shown; a watcher's failure does not hide the step's error."""
-        tell(self, Progress("reset"))
+    def take_back(self) -> None:
+        """Take back what was shown, once: nothing when nothing waits to be taken back (so
+        two paths of one step that both end it never take it back twice), and a watcher's
+        failure does not hide the step's answer or error."""
+        if self.shown:
+            tell(self, Progress("reset"))
 
 
 class StreamBroken(Exception):

@@ -22,7 +22,9 @@ The way of a message, top-down, one module each:
 
 Beside the way: `replicas` (the worker's side of the leases when several processes share
 one database: take, lose, give back, adopt; leadership and broadcasts), `leases` (their
-rules), `facts` (what the tape says about progress), `session` (in-memory bookkeeping).
+rules: renewal, giving up before a lease can lapse), `resume` (after a start: which sessions
+to wake), `observers` (every part reports its events there, never back through `core`),
+`facts` (what the tape says about progress), `session` (in-memory bookkeeping).
 """
 
 from .command_runner import SUMMARY_PROMPT, CommandRunner

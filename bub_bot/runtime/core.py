@@ -7,8 +7,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from channels.base import ApprovalClick, Channel, Inbound, Received
 
@@ -23,12 +23,13 @@ from ..tape import Tape, TapeStore
 from .approvals import ApprovalDesk
 from .command_runner import CommandRunner
 from .delivery import Delivery
-from .facts import channel_of, is_pending, read_cursor, read_queue, unhandled_replies
 from .ingress import Ingress, inbound_arrival
 from .leases import Leadership, LeaseKeeper, Leases, LocalLeases
-from .placement import Placement
+from .observers import Observers
+from .placement import MOVED_TOPIC, Placement
 from .recovery import Recovery
-from .session import Session, Sessions
+from .resume import resume_sessions
+from .session import Sessions
 from .subagents import BackgroundSubagents, SubagentWatchdog
 from .timer import Timer
 from .turns import TurnRunner
@@ -52,30 +53,29 @@ class Runtime:
         self.settings = settings
         self.clock = clock
         """UNIX seconds now: when jobs are due (tests move it instead of waiting)."""
+        self.observers = Observers()
+        """Called with (event, data) for metrics: inbound, turn, reply, lease, ..."""
+        emit = self.observers.emit
         self.leases: Leases = leases or LocalLeases()
-        self.lease_keeper = LeaseKeeper(self.leases, settings.lease_seconds, self._emit)
+        self.lease_keeper = LeaseKeeper(self.leases, settings.lease_seconds, emit)
         self.store = store
         self.agent = agent
         self.channels: dict[str, Channel] = dict(channels or {})
-        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
-        """Called with (event, data) for metrics: inbound, turn, reply."""
         self.budgets = Budgets.for_settings(store, settings, clock)
         """Rate limits and budgets (bub_bot/budgets): counters in the store."""
         agent.budgets = self.budgets
         self.sessions = Sessions(store, settings.workspace)
-        self.placement = Placement(settings, store)
+        self.placement = Placement(settings, store, shared=self.leases.shared)
         # A takeover waits a lease period for the record of a piece its sender may have sent.
         wait = settings.lease_seconds if self.leases.shared else 0.0
-        self.delivery = Delivery(self.channels, self._emit, settings, takeover_wait=wait)
+        self.delivery = Delivery(self.channels, emit, settings, takeover_wait=wait)
         self.schedules = ScheduleBook(store, settings, clock)
         """A conversation's prompt jobs (the `schedule.*` tools, /schedules)."""
         self.commands = CommandRunner(
-            settings, agent, self.delivery, self._emit, schedules=self.schedules
+            settings, agent, self.delivery, emit, schedules=self.schedules
         )
         slots = asyncio.Semaphore(settings.max_concurrent_turns)
-        self.turns = TurnRunner(
-            settings, store, agent, self.channels, self.delivery, slots, self._emit
-        )
+        self.turns = TurnRunner(settings, store, agent, self.channels, self.delivery, slots, emit)
         self.worker = SessionWorker(
             self.sessions,
             self.placement,
@@ -85,14 +85,17 @@ class Runtime:
             self.commands,
             self.turns,
             slots,
-            self._emit,
+            emit,
         )
         self.replicas = self.worker.replicas
+        # Moves recorded on one replica are heard by the others at once (placement.py).
+        self.placement.announce = self.replicas.broadcast
+        self.replicas.subscribe(MOVED_TOPIC, self.placement.heard_move)
         self.ingress = Ingress(
-            store, self.placement, self.sessions, self.replicas, self._emit, self.budgets
+            store, self.placement, self.sessions, self.replicas, emit, self.budgets
         )
         self.timer = Timer(
-            store, self.ingress, self.replicas, lambda: list(self.channels), clock, self._emit
+            store, self.ingress, self.replicas, partial(list, self.channels), clock, emit
         )
         """Fires due jobs into their sessions (runtime/timer.py); kinds register on it."""
         prompts = PromptKind(settings.schedule_grace_seconds, settings.schedule_drop_seconds)
@@ -115,13 +118,6 @@ class Runtime:
         self.timer.kinds[watchdog.name] = watchdog
 
     # -- observation ---------------------------------------------------------------------------
-    def _emit(self, event: str, **data: Any) -> None:
-        for observer in self.observers:
-            try:
-                observer(event, data)
-            except Exception:
-                log.exception("runtime observer failed on %s", event)
-
     @property
     def running_turns(self) -> int:
         return self.sessions.running
@@ -133,7 +129,7 @@ class Runtime:
 
     def note_inbound(self, channel: str, outcome: str) -> None:
         """Count a platform message a channel did not store ("ignored" or "denied")."""
-        self._emit("inbound", channel=channel, outcome=outcome)
+        self.observers.emit("inbound", channel=channel, outcome=outcome)
 
     # -- ingress -------------------------------------------------------------------------------
     def add_channel(self, channel: Channel) -> None:
@@ -214,34 +210,9 @@ class Runtime:
 
         Returns how many were woken. Sessions whose channel is not running stay as they are.
         """
-        woken = 0
-        for summary in await self.store.list_tapes():
-            if not summary.session_id or (
-                sessions is not None and summary.session_id not in sessions
-            ):
-                continue
-            tape = Tape(self.store, summary.name, summary.session_id)
-            items = await read_queue(tape, await read_cursor(tape))
-            pending = [e for e in items if is_pending(e)]
-            if not pending and not unhandled_replies(items):
-                continue
-            # A session whose channel is not running now stays as it is.
-            if channel_of(items) not in self.channels:
-                continue
-            session = self.sessions.get(summary.session_id)
-            if session is None:
-                workspace = await self.placement.recorded_workspace(tape)
-                # Checked again: the session may have come alive while we were reading.
-                session = self.sessions.get(summary.session_id)
-                if session is None:
-                    session = self.sessions.add(Session(summary.session_id, tape, workspace))
-            # Never set the cursor here: a live worker may have moved it since we read it,
-            # and rewinding it would answer messages twice. The worker reads its own.
-            self.worker.wake(session)
-            woken += 1
-        if woken:
-            log.info("resume sessions=%d", woken)
-        return woken
+        return await resume_sessions(
+            self.store, self.sessions, self.placement, self.worker, self.channels, sessions
+        )
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop taking work; let running turns finish for `grace` seconds, then cancel them."""

@@ -22,8 +22,12 @@ queue is empty. Rules that make this safe without a coordinator:
   resumes those sessions with the usual resume rules (the tape says what was done). A session
   adopted this way whose channel this replica does not run is left alone.
 - **Lose it, stop.** A renewal that finds the lease gone (the process stalled past the expiry
-  and someone took over) cancels that session's work; so does a database unreachable for
-  long enough that the lease may have lapsed. Two replicas never both run a session.
+  and someone took over) cancels that session's work. So does a database that does not
+  answer: a lease counts as renewed only by a renewal that succeeded (`since`), every
+  renewal is bounded in time (a black-holed connection hangs, it does not fail), and work
+  whose lease was not renewed by half a renewal period before it would lapse
+  (`LeaseKeeper.deadline`) is cancelled then, logged `lease.lost`: it has stopped before
+  another replica can take the lease. Two replicas never both run a session.
 - **Re-read after re-taking.** Whenever a lease is taken again, the worker reads the session's
   cursor from the tape: another replica may have answered messages in between.
 - **Hand over on shutdown.** SIGTERM releases every lease as a handover: the row is left
@@ -44,15 +48,35 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..tape.leases import LeaseKey, Leases, LocalLeases
 
-__all__ = ["Leadership", "LeaseKeeper", "LeaseKey", "Leases", "LocalLeases"]
+__all__ = ["Leadership", "LeaseKeeper", "LeaseKey", "Leases", "LocalLeases", "bounded"]
 
 log = logging.getLogger("bub_bot.runtime")
+
+T = TypeVar("T")
+
+
+async def bounded(call: Awaitable[T], timeout: float) -> T:
+    """`call`'s result, or TimeoutError after `timeout` seconds. Unlike `asyncio.wait_for`
+    this does not wait for the cancelled call to finish: a driver cleaning up a connection
+    that does not answer (asyncpg cancelling a query on a cut network) can hang too."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        # Nobody awaits it any more: fetch its outcome so it is not reported as lost.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise TimeoutError(f"no answer in {timeout:.1f} s")
+    return task.result()
 
 
 @dataclass
@@ -118,48 +142,86 @@ class LeaseKeeper:
         if key.tape not in self._held:
             await self.leases.release(key, handover=True)
 
+    def deadline(self, held: _Held) -> float:
+        """Monotonic time by which `held` must have been renewed, or its work stops: half a
+        renewal period before it can lapse in the database, room for cancelled work to end
+        before another replica may take the lease."""
+        return held.since + self.seconds - self.interval / 2
+
+    def _next_renewal(self) -> float:
+        """Seconds until the renewer should run: every third of the lease, sooner when a
+        lease's deadline comes first (so giving up never waits for the next round)."""
+        if not self._held:
+            return self.interval
+        now = time.monotonic()
+        first = min(self.deadline(h) for h in self._held.values())
+        return max(0.0, min(self.interval, first - now))
+
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self._next_renewal())
             if not self._held:
                 continue
-            await self.renew_now()
+            try:
+                await self.renew_now()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The loop must live on: it is also what stops work whose lease may lapse.
+                log.exception("lease.renewal_loop failed; going on")
 
     async def renew_now(self) -> None:
-        """Extend every held lease; a lease found gone is dropped and its `on_lost` called."""
+        """Extend every held lease; a lease found gone, or not renewed by its deadline (the
+        database failed or did not answer in time), is dropped and its `on_lost` called."""
+        now = time.monotonic()
+        for held in [h for h in self._held.values() if now >= self.deadline(h)]:
+            self._lose(held, "not renewed in time")
         snapshot = list(self._held.values())
+        if not snapshot:
+            return
         sent = time.monotonic()
+        # Bounded: a hanging database must not keep us past a deadline.
+        budget = min(self.interval, min(self.deadline(h) for h in snapshot) - sent)
         try:
-            # Bounded: a hanging database must not keep us from noticing the expiry.
-            gone = await asyncio.wait_for(
-                self.leases.renew(h.key for h in snapshot), timeout=max(self.interval, 1.0)
-            )
+            gone = await bounded(self.leases.renew(h.key for h in snapshot), max(budget, 0.05))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             now = time.monotonic()
-            # Past this point the lease may have lapsed and been taken: stop before that.
-            gone = {h.key.tape for h in snapshot if now >= h.since + self.seconds - self.interval}
+            # Not renewed: `since` stays; past its deadline the lease may lapse: stop now.
+            lapsing = [h for h in snapshot if now >= self.deadline(h)]
             log.warning(
-                "lease.renew_failed leases=%d giving_up=%d: %s", len(snapshot), len(gone), exc
+                "lease.renew_failed leases=%d giving_up=%d: %s",
+                len(snapshot),
+                len(lapsing),
+                exc or type(exc).__name__,
             )
+            for held in lapsing:
+                if self._held.get(held.key.tape) is held:
+                    self._lose(held, "not renewed in time")
+            return
         for held in snapshot:
             if self._held.get(held.key.tape) is not held:
                 continue  # given back (or taken again) meanwhile
-            if held.key.tape not in gone:
+            if held.key.tape in gone:
+                self._lose(held, "taken by another replica")
+            else:
                 held.since = sent
-                continue
-            del self._held[held.key.tape]
-            log.warning(
-                "lease.lost %s=%s: another replica may run it now; stopping here",
-                "session" if held.key.is_session else "job",
-                held.key.session_id or held.key.tape,
-            )
-            self._emit("lease", outcome="lost")
-            try:
-                held.on_lost()
-            except Exception:
-                log.exception("lease.lost handler failed key=%s", held.key.tape)
+
+    def _lose(self, held: _Held, why: str) -> None:
+        """Forget a lease that may not be ours any more and stop its work (`on_lost`)."""
+        del self._held[held.key.tape]
+        log.warning(
+            "lease.lost %s=%s reason=%s: another replica may run it now; stopping here",
+            "session" if held.key.is_session else "job",
+            held.key.session_id or held.key.tape,
+            why.replace(" ", "_"),
+        )
+        self._emit("lease", outcome="lost")
+        try:
+            held.on_lost()
+        except Exception:
+            log.exception("lease.lost handler failed key=%s", held.key.tape)
 
     def start(
         self,

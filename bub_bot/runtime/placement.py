@@ -1,10 +1,19 @@
 """Where a conversation's tape lives: its workspace (BUB_WORKSPACE_MAP, decided once when the
 session starts and recorded on its `session/start` anchor) and whether its session id was moved
-to continue another session's tape (a Telegram group that became a supergroup)."""
+to continue another session's tape (a Telegram group that became a supergroup).
+
+A move is forever, so "moved" is cached for good; "not moved" is not: with several replicas
+another one may record the move at any time. Each replica re-reads a "not moved" older than
+`MOVE_RECHECK_SECONDS` (the guarantee) and drops it at once when another replica broadcasts
+the move (`MOVED_TOPIC`, best effort: makes it immediate). With one process (SQLite) every
+move goes through this object, so "not moved" is kept."""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..config import Settings
@@ -14,19 +23,38 @@ from ..workspaces import load_workspace_map
 log = logging.getLogger("bub_bot.runtime")
 
 MOVED_ANCHOR = "session/moved"
+MOVED_TOPIC = "session.moved"
+"""Broadcast by the replica that records a move: `{"from": new, "to": old}`."""
+MOVE_RECHECK_SECONDS = 2.0
+"""How long a replica trusts "not moved" for a session when other replicas may move it."""
 
 
 class Placement:
     """Decides and remembers, per session id, the workspace and the tape it continues."""
 
-    def __init__(self, settings: Settings, store: TapeStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: TapeStore,
+        *,
+        shared: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`shared`: other replicas may record moves, so "not moved" is re-checked."""
         self.settings = settings
         self.store = store
+        self.shared = shared
+        self.announce: Callable[[str, str], Awaitable[None]] | None = None
+        """Tells the other replicas `(topic, data)` (`Replicas.broadcast`): a move recorded
+        here (`MOVED_TOPIC`); whoever wires the runtime sets it, with `heard_move` as the
+        subscriber."""
+        self._clock = clock
         self.workspaces = load_workspace_map(settings.workspace_map, settings.workspace)
         self._workspaces: dict[str, Path] = {}
         """Workspaces decided for sessions seen by this process (BUB_WORKSPACE_MAP)."""
-        self._moved: dict[str, str | None] = {}
-        """Session ids that continue another session's tape (`move`); None: not."""
+        self._moved: dict[str, tuple[str | None, float]] = {}
+        """Session id -> (the session whose tape it continues, or None: not moved; when that
+        was read, monotonic)."""
 
     async def locate(
         self, session_id: str, given: Path | None = None, *, assign: bool = True
@@ -92,19 +120,36 @@ class Placement:
         await Tape.for_session(self.store, old, ws).append(
             TapeEntry.event("session.moved", {"from": new}, context=False)
         )
-        self._moved[new] = old
+        self._moved[new] = (old, self._clock())
         log.info("session.moved session=%s from=%s", old, new)
+        if self.announce is not None:
+            await self.announce(MOVED_TOPIC, json.dumps({"from": new, "to": old}))
+
+    def heard_move(self, data: str) -> None:
+        """Another replica recorded a move (a `MOVED_TOPIC` broadcast): forget what this one
+        cached about the session that moved, so its next message reads the move."""
+        try:
+            moved = json.loads(data)
+            self._moved.pop(str(moved["from"]), None)
+        except (ValueError, KeyError, TypeError):
+            log.warning("session.moved notice unreadable (%d bytes)", len(data))
 
     async def moved_to(self, session_id: str, workspace: Path | None) -> str | None:
-        """The session whose tape `session_id` continues, if it was moved (cached)."""
-        if session_id in self._moved:
-            return self._moved[session_id]
+        """The session whose tape `session_id` continues, if it was moved (cached; "not
+        moved" only for `MOVE_RECHECK_SECONDS` when other replicas may move it)."""
+        cached = self._moved.get(session_id)
+        if cached is not None:
+            target, read_at = cached
+            if target is not None or not self.shared:
+                return target
+            if self._clock() - read_at < MOVE_RECHECK_SECONDS:
+                return None
         tape = Tape.for_session(self.store, session_id, workspace or self.settings.workspace)
         found = await tape.query(kinds=["anchor"], names=[MOVED_ANCHOR], limit=1)
         target = found[0].payload.get("state", {}).get("to") if found else None
         moved = target if isinstance(target, str) and target else None
-        if moved is not None or len(self._moved) < 100_000:
-            self._moved[session_id] = moved
+        if moved is not None or session_id in self._moved or len(self._moved) < 100_000:
+            self._moved[session_id] = (moved, self._clock())
         return moved
 
     async def recorded_workspace(self, tape: Tape) -> Path:

@@ -28,44 +28,35 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 
 from . import postgres_forks
+from . import postgres_writes as writes
 from .entries import TapeEntry, safe_text, utc_now
-from .forks import ForkPoint, Merged, lifecycle_events
-from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
-from .names import SIDECAR_SEP, archive_name, tape_role
-from .postgres_leases import WAITING, PostgresLeases
-from .postgres_usage import USAGE_UPSERT, PostgresUsage, add_usage, usage_columns
+from .forks import ForkPoint, Merged
+from .jobs import Decide, Fired, JobRow
+from .names import archive_name
+from .postgres_leases import PostgresLeases
+from .postgres_usage import PostgresUsage
 from .query import POSTGRES, QuerySpec
 from .schema import migrate_postgres
+from .statements import Statements
 from .store import (
     Append,
     Copies,
     DedupeRecord,
     Opening,
     Reset,
-    Row,
     StoreBase,
     TapeStats,
     TapeStoreError,
     TapeSummary,
-    check_copy_ids,
-    entry_row,
-    firing_append,
-    fork_base,
-    is_inbound,
     new_tag,
     row_entry,
-    with_ids,
 )
 from .urls import parse_database_url
 
 T = TypeVar("T")
 
 
-class _Refused(Exception):
-    """Raised inside a write transaction to roll it back and return None."""
-
-
-class PostgresTapeStore(PostgresUsage, StoreBase):
+class PostgresTapeStore(Statements, PostgresUsage, StoreBase):
     """Tapes in a PostgreSQL database. Open with `await PostgresTapeStore.open(url)`.
 
     `pool` (an asyncpg pool) is public for parts that share the database (leases); its
@@ -74,6 +65,7 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
     """
 
     kind = "postgresql"
+    dialect = POSTGRES
 
     def __init__(
         self, pool: asyncpg.Pool, location: str, schema_version: int, url: str = ""
@@ -197,13 +189,13 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
                 await tx.rollback()
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T | None:
-        """Run `fn(conn, *args)` in one transaction; None if it raised _Refused. A deadlock or
+        """Run `fn(conn, *args)` in one transaction; None if it raised Refused. A deadlock or
         serialization failure (rolled back by the server) is retried."""
         for attempt in range(3):
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     return await fn(conn, *args)
-            except _Refused:
+            except writes.Refused:
                 return None
             except (
                 asyncpg.exceptions.DeadlockDetectedError,
@@ -224,9 +216,11 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
                 try:
                     async with self.pool.acquire() as conn:
                         if w.adds:
-                            ids = await _allocate_count_and_insert(conn, w, utc_now())
+                            ids = await writes.allocate_count_and_insert(conn, w, utc_now())
                         else:
-                            ids = await _allocate_and_insert(conn, w.tape, w.rows, w.session_id)
+                            ids = await writes.allocate_and_insert(
+                                conn, w.tape, w.rows, w.session_id
+                            )
                     break
                 except asyncpg.exceptions.DeadlockDetectedError:
                     if attempt == 2:
@@ -234,13 +228,13 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
             if ids is not None:
                 return ids
             # A new tape: created in the transaction below.
-        return await self._write(_append, append, utc_now())
+        return await self._write(writes.append, append, utc_now())
 
     async def _reset(self, reset: Reset) -> str | None:
-        return await self._write(_reset, reset, utc_now())
+        return await self._write(writes.reset, reset, utc_now())
 
     async def _append_copies(self, copies: Copies) -> None:
-        await self._write(_append_copies, copies)
+        await self._write(writes.append_copies, copies)
 
     # -- forks (tape/forks.py) -----------------------------------------------------------------
     async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
@@ -289,71 +283,19 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
             )
         return int(status.split()[-1])
 
-    # -- jobs ---------------------------------------------------------------------------------
-    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
-        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
-        added = await self._write(_add_job, job_row(job), limit)
-        return bool(added)
-
-    async def jobs(
-        self,
-        *,
-        session_id: str | None = None,
-        kinds: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[Job]:
-        """Jobs soonest first: all, or a session's, or of `kinds`."""
+    # -- statements (tape/statements.py) ------------------------------------------------------
+    async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {COLUMNS} FROM bub_jobs WHERE ($1::text IS NULL OR session_id = $1)"
-                " AND ($2::text[] IS NULL OR kind = ANY($2::text[])) ORDER BY due, id LIMIT $3",
-                safe_text(session_id) if session_id is not None else None,
-                list(kinds) if kinds is not None else None,
-                limit,
-            )
-        return [row_job(r) for r in rows]
+            return await conn.fetch(sql, *args)  # one statement: its own transaction
 
-    async def remove_job(
-        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
-    ) -> Job | None:
-        """Delete a job (only a session's or of `kinds` when given); returns it."""
-        async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(
-                "DELETE FROM bub_jobs WHERE id = $1 AND ($2::text IS NULL OR session_id = $2)"
-                f" AND ($3::text[] IS NULL OR kind = ANY($3::text[])) RETURNING {COLUMNS}",
-                safe_text(job_id),
-                safe_text(session_id) if session_id is not None else None,
-                list(kinds) if kinds is not None else None,
-            )
-        return row_job(row) if row is not None else None
+    async def _insert_job(self, row: JobRow, limit: int | None) -> bool:
+        return bool(await self._write(writes.add_job, row, limit))
 
-    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
-        """The soonest due time of the jobs of `kinds` for `channels`."""
-        if not kinds or not channels:
-            return None
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                "SELECT min(due) FROM bub_jobs WHERE kind = ANY($1::text[])"
-                " AND channel = ANY($2::text[])",
-                list(kinds),
-                list(channels),
-            )
-
-    async def fire_jobs(
-        self,
-        now: float,
-        decide: Decide,
-        *,
-        kinds: Sequence[str],
-        channels: Sequence[str],
-        limit: int = 100,
+    async def _claim_jobs(
+        self, now: float, decide: Decide, kinds: list[str], channels: list[str], limit: int
     ) -> list[Fired]:
-        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore):
-        rows another replica is firing are skipped (`FOR UPDATE SKIP LOCKED`)."""
-        if not kinds or not channels:
-            return []
-        fired = await self._write(_fire_jobs, now, decide, list(kinds), list(channels), limit)
-        return fired or []
+        # Rows another replica is firing are skipped (`FOR UPDATE SKIP LOCKED`).
+        return await self._write(writes.fire_jobs, now, decide, kinds, channels, limit) or []
 
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
@@ -406,35 +348,6 @@ class PostgresTapeStore(PostgresUsage, StoreBase):
             rows = [TapeSummary(*r) for r in await conn.fetch(sql)]
         return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
 
-    async def session_tapes(self, session_id: str) -> list[str]:
-        """The live tapes of a session id (one per workspace it was used in)."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT name FROM bub_tapes WHERE session_id = $1 AND role = 'live' ORDER BY id",
-                safe_text(session_id),
-            )
-        return [row[0] for row in rows]
-
-    async def is_duplicate(self, key: str) -> bool:
-        """Whether a dedupe key has been recorded."""
-        async with self.pool.acquire() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM bub_dedupe WHERE key = $1)", safe_text(key)
-                )
-            )
-
-    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
-        """Recorded dedupe keys greater than `after`, in key order."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT key, tape, entry_id, date FROM bub_dedupe WHERE key > $1"
-                " ORDER BY key LIMIT $2",
-                after,
-                limit,
-            )
-        return [DedupeRecord(*r) for r in rows]
-
 
 # -- SQL helpers --------------------------------------------------------------------------------
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -452,264 +365,3 @@ def _password(url: str) -> str:
         return unquote(urlsplit(url).password or "")
     except ValueError:
         return ""
-
-
-async def _lock_tape(
-    conn: asyncpg.Connection, tape: str, session_id: str | None, now: str
-) -> tuple[int, int]:
-    """Lock the tape's row for this transaction (creating it if needed); (row id, last id)."""
-    select = "SELECT id, session_id, last_id FROM bub_tapes WHERE name = $1 FOR UPDATE"
-    row = await conn.fetchrow(select, tape)
-    if row is None:
-        # A new row is ours alone until commit; a concurrent creator waits on the unique
-        # index, finds the conflict, and locks the row we committed.
-        tape_id = await conn.fetchval(
-            "INSERT INTO bub_tapes (name, role, session_id, created, updated)"
-            " VALUES ($1, $2, $3, $4, $4) ON CONFLICT (name) DO NOTHING RETURNING id",
-            tape,
-            tape_role(tape),
-            session_id,
-            now,
-        )
-        if tape_id is not None:
-            return tape_id, 0
-        row = await conn.fetchrow(select, tape)
-        assert row is not None
-    if session_id and row["session_id"] is None:
-        await conn.execute(
-            "UPDATE bub_tapes SET session_id = $1 WHERE id = $2", session_id, row["id"]
-        )
-    return row["id"], row["last_id"]
-
-
-def _columns(rows: Sequence[Row]) -> list[list[Any]]:
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * 5
-
-
-# Id allocation and insert in one statement. The UPDATE takes the tape row's lock and, under
-# READ COMMITTED, re-reads the row's newest committed version once it has the lock, so
-# `last_id` is never stale: concurrent writers of one tape get consecutive ranges. Run alone
-# (autocommit) it is a whole append in one round trip. No row (a new tape): no entries.
-_ALLOCATE_AND_INSERT = (
-    "WITH t AS (UPDATE bub_tapes SET last_id = last_id + $2,"
-    " session_id = coalesce(session_id, $3) WHERE name = $1 RETURNING id, last_id)"
-    " INSERT INTO bub_entries (tape, id, kind, name, payload, meta, date)"
-    " SELECT t.id, t.last_id - $2 + r.n, r.kind, r.name, r.payload, r.meta, r.date"
-    " FROM t, unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[])"
-    " WITH ORDINALITY AS r(kind, name, payload, meta, date, n)"
-    " RETURNING id"
-)
-
-
-# The common append with counters, in one statement (one round trip, atomic): the counters
-# are added only when the tape row exists (`t` returned it), so the fallback for a new tape
-# cannot count twice.
-_ALLOCATE_COUNT_AND_INSERT = _ALLOCATE_AND_INSERT.replace(
-    " INSERT INTO bub_entries",
-    ", u AS ("
-    + USAGE_UPSERT.format(
-        now="$16",
-        arrays="$9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],"
-        " $14::bigint[], $15::bigint[]",
-        where=" WHERE EXISTS (SELECT 1 FROM t)",
-    )
-    + ") INSERT INTO bub_entries",
-    1,
-)
-
-
-async def _allocate_and_insert(
-    conn: asyncpg.Connection, tape: str, rows: Sequence[Row], session_id: str | None
-) -> list[int] | None:
-    """Append `rows` after the tape's last id; their ids, or None if the tape has no row."""
-    found = await conn.fetch(_ALLOCATE_AND_INSERT, tape, len(rows), session_id, *_columns(rows))
-    return sorted(r[0] for r in found) if found else None
-
-
-async def _allocate_count_and_insert(
-    conn: asyncpg.Connection, w: Append, now: str
-) -> list[int] | None:
-    """`_allocate_and_insert` adding `w.adds` in the same statement."""
-    found = await conn.fetch(
-        _ALLOCATE_COUNT_AND_INSERT,
-        w.tape,
-        len(w.rows),
-        w.session_id,
-        *_columns(w.rows),
-        *usage_columns(w.adds),
-        now,
-    )
-    return sorted(r[0] for r in found) if found else None
-
-
-async def _append(conn: asyncpg.Connection, w: Append, now: str) -> list[int]:
-    tape_id, _ = await _lock_tape(conn, w.tape, w.session_id, now)
-    rows, skip = w.rows, 0
-    if w.adds:
-        # In the append's transaction (rolled back with it when a dedupe key refuses it).
-        found = await add_usage(conn, w.adds, now)
-        if w.decide is not None:
-            rows = w.decide(found) or rows
-    if w.if_no_anchor or w.bootstrap is not None:
-        # A statement after the lock: it sees every entry committed before we got it.
-        has_anchor = await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM bub_entries WHERE tape = $1 AND kind = 'anchor')",
-            tape_id,
-        )
-        if w.if_no_anchor and has_anchor:
-            raise _Refused
-        if w.bootstrap is not None and not has_anchor:
-            rows = [w.bootstrap, *rows]
-            skip = 1
-    ids: list[int] = []
-    if rows:
-        written = await _allocate_and_insert(conn, w.tape, rows, w.session_id)
-        assert written is not None  # the row exists: we hold its lock
-        ids = written[skip:]
-    if w.dedupe_keys:
-        # The primary key is the guard: a key recorded (or being recorded) by any other
-        # transaction makes this insert skip it, and the whole group rolls back.
-        status = await conn.execute(
-            "INSERT INTO bub_dedupe (key, tape, entry_id, date)"
-            " SELECT k, $2, $3, $4 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING",
-            w.dedupe_keys,
-            w.tape,
-            ids[0] if ids else 0,
-            now,
-        )
-        if int(status.split()[-1]) != len(w.dedupe_keys):
-            raise _Refused
-    return ids
-
-
-async def _append_copies(conn: asyncpg.Connection, w: Copies) -> None:
-    tape_id, last = await _lock_tape(conn, w.tape, w.session_id, w.updated)
-    if last == 0 and fork_base(w.tape, w.entries):
-        # A fork's own entries go on from its fork point (tape/forks.py).
-        last = fork_base(w.tape, w.entries)
-        await conn.execute(
-            "UPDATE bub_tapes SET base = $2, last_id = $2 WHERE id = $1", tape_id, last
-        )
-    check_copy_ids(w.tape, w.entries, last)
-    if w.rows:
-        await conn.execute(
-            "INSERT INTO bub_entries (tape, id, kind, name, payload, meta, date)"
-            " SELECT $1, r.* FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[],"
-            " $6::text[], $7::text[]) AS r",
-            tape_id,
-            [e.id for e in w.entries],
-            *_columns(w.rows),
-        )
-        await conn.execute(
-            "UPDATE bub_tapes SET last_id = $2 WHERE id = $1", tape_id, w.entries[-1].id
-        )
-
-
-async def _reset(conn: asyncpg.Connection, w: Reset, now: str) -> str | None:
-    tape, archived, carry_after = w.tape, w.archived, w.carry_inbound_after
-    # Lock the tape and its sidecars (in id order, as every reset does) for the transaction.
-    family = await conn.fetch(
-        "SELECT id, name, session_id FROM bub_tapes"
-        " WHERE name = $1 OR starts_with(name, $2) ORDER BY id FOR UPDATE",
-        tape,
-        tape + SIDECAR_SEP,
-    )
-    session = next((r for r in family if r["name"] == tape), None)
-    if session is None:
-        archived = None  # never written: nothing to archive
-    rows = w.rows(archived)
-    if carry_after is not None and session is not None:
-        later = await conn.fetch(
-            "SELECT kind, name, payload, meta, date FROM bub_entries"
-            " WHERE tape = $1 AND id > $2 AND strpos(meta, '\"inbound\":') > 0 ORDER BY id",
-            session["id"],
-            carry_after,
-        )
-        rows = rows + [tuple(r) for r in later if is_inbound(r["meta"])]  # type: ignore[misc]
-    sidecars = [r["name"] for r in family if r["name"] != tape]
-    if session is not None and sidecars:
-        rows = rows + [entry_row(e) for e in lifecycle_events(tape, sidecars, archived, reset=True)]
-    ids = [r["id"] for r in family]
-    if ids and archived is not None:
-        # Renaming the tape rows moves all their entries at once: archive is O(1).
-        await conn.execute(
-            "UPDATE bub_tapes SET name = $1 || substr(name, $2), role = 'archive', updated = $3"
-            " WHERE id = ANY($4::bigint[])",
-            archived,
-            len(tape) + 1,
-            now,
-            ids,
-        )
-    elif ids:
-        await conn.execute("DELETE FROM bub_entries WHERE tape = ANY($1::bigint[])", ids)
-        await conn.execute("DELETE FROM bub_tapes WHERE id = ANY($1::bigint[])", ids)
-    await _lock_tape(conn, tape, session["session_id"] if session else None, now)
-    if rows:
-        await _allocate_and_insert(conn, tape, rows, None)
-    return archived
-
-
-async def _add_job(conn: asyncpg.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
-    if limit is not None:
-        # One session's adds one at a time, so two at once cannot both pass the count.
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bub_jobs:' || $1))", row[2])
-        count = await conn.fetchval(
-            "SELECT count(*) FROM bub_jobs WHERE session_id = $1 AND kind = $2", row[2], row[1]
-        )
-        if count >= limit:
-            return False
-    await conn.execute(
-        f"INSERT INTO bub_jobs ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
-        " $11, $12)",
-        *row,
-    )
-    return True
-
-
-async def _fire_jobs(
-    conn: asyncpg.Connection,
-    now: float,
-    decide: Decide,
-    kinds: list[str],
-    channels: list[str],
-    limit: int,
-) -> list[Fired]:
-    stamp = utc_now()
-    rows = await conn.fetch(
-        f"SELECT {COLUMNS} FROM bub_jobs WHERE due <= $1 AND kind = ANY($2::text[])"
-        " AND channel = ANY($3::text[]) ORDER BY due, id LIMIT $4 FOR UPDATE SKIP LOCKED",
-        now,
-        kinds,
-        channels,
-        limit,
-    )
-    fired: list[Fired] = []
-    # Tapes are locked in name order, so two replicas firing jobs of the same tapes never
-    # wait for each other in a circle.
-    for job in sorted(map(row_job, rows), key=lambda j: (j.tape, j.due, j.id)):
-        firing = decide(job)
-        append = firing_append(job, firing)
-        written = None
-        if append is not None and firing.entry is not None:
-            try:
-                async with conn.transaction():  # a savepoint: a recorded key undoes this only
-                    ids = await _append(conn, append, stamp)
-                written = with_ids([firing.entry], ids)[0]
-            except _Refused:
-                pass
-        fired.append(Fired(job, firing, written))
-    finished = [f.job.id for f in fired if f.firing.next_due is None]
-    moved = [f for f in fired if f.firing.next_due is not None]
-    if finished:
-        await conn.execute("DELETE FROM bub_jobs WHERE id = ANY($1::text[])", finished)
-    if moved:
-        await conn.execute(
-            "UPDATE bub_jobs AS j SET due = m.due, fired = j.fired + 1"
-            " FROM unnest($1::text[], $2::float8[]) AS m(id, due) WHERE j.id = m.id",
-            [f.job.id for f in moved],
-            [f.firing.next_due for f in moved],
-        )
-    waiting = sorted({(f.job.tape, f.job.session_id) for f in fired if f.entry is not None})
-    if waiting:
-        await conn.execute(WAITING, [t for t, _ in waiting], [s for _, s in waiting])
-    return fired

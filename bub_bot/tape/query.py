@@ -1,19 +1,21 @@
 """Queries: a query's filters (`QuerySpec`, checked once for every store) and the SQL both
-stores run for it. The two databases differ in a few spellings (table names, parameters,
-a few functions, how a list of names is passed); those are data (`Dialect`), so one builder
-writes both stores' statements.
+stores run for it, and for the one-statement operations of statements.py (dedupe keys, a
+session's tapes, jobs). The two databases differ in a few spellings (table names,
+parameters, a few functions, how a list of names is passed, how due jobs are claimed); those
+are data (`Dialect`), so one builder writes both stores' statements.
 """
 
 from __future__ import annotations
 
 import json
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from .entries import KINDS, safe_text
+from .jobs import COLUMNS
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
@@ -165,6 +167,28 @@ class Dialect:
     """Where a substring starts (0: nowhere): `instr` or `strpos`."""
     arrays: bool
     """Pass a list of names as one array parameter (else one parameter per name)."""
+    claim: str = ""
+    """What a claim of due jobs adds so that replicas firing at once take disjoint rows
+    (PostgreSQL: `FOR UPDATE SKIP LOCKED`; SQLite's write lock is the whole database)."""
+
+    def params(self, *first: Any) -> tuple[list[Any], Callable[[Any], str]]:
+        """A statement's parameter list (starting with `first`) and the function that adds
+        one value to it and returns its placeholder."""
+        args: list[Any] = list(first)
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"{self.param}{len(args)}"
+
+        return args, arg
+
+    def among(self, column: str, values: Sequence[str], arg: Callable[[Any], str]) -> str:
+        """`column` is one of `values` (text), in this database's spelling."""
+        if not values:
+            return "FALSE"
+        if self.arrays:
+            return f"{column} = ANY({arg(list(values))}::text[])"
+        return f"{column} IN ({','.join(arg(v) for v in values)})"
 
     def anchors(self) -> str:
         """One row for a view that starts at a named anchor: the tape's row id, the last
@@ -187,12 +211,7 @@ class Dialect:
         """The entries of `spec` with ids between `low` and `high` (exclusive) and its
         parameters; `tape` is the tape's row id, or (`by_name`) its name, looked up in the
         same statement (one round trip for the common read)."""
-        args: list[Any] = [tape, low]
-
-        def arg(value: Any) -> str:
-            args.append(value)
-            return f"{self.param}{len(args)}"
-
+        args, arg = self.params(tape, low)
         entries, p = f"{self.prefix}entries", self.param
         tape_ref = f"(SELECT id FROM {self.prefix}tapes WHERE name = {p}1)" if by_name else f"{p}1"
         above = f"{p}2"
@@ -211,10 +230,7 @@ class Dialect:
         if kind:
             sql += " AND " + kind
         if spec.names is not None:
-            if self.arrays:
-                sql += f" AND name = ANY({arg(list(spec.names))}::text[])"
-            else:
-                sql += f" AND name IN ({','.join(arg(n) for n in spec.names)})"
+            sql += " AND " + self.among("name", spec.names, arg)
         for bound in (spec.since, spec.until):
             if bound is not None:
                 sql += f" AND date {bound[0]} {arg(bound[1])}"
@@ -227,6 +243,85 @@ class Dialect:
             sql += f" LIMIT {arg(spec.limit)}"
         return sql, args
 
+    # -- one-statement reads (tape/statements.py) -----------------------------------------------
+    def is_duplicate(self, key: str) -> tuple[str, list[Any]]:
+        """A row when the dedupe key is recorded."""
+        return f"SELECT 1 FROM {self.prefix}dedupe WHERE key = {self.param}1", [key]
+
+    def dedupe(self, after: str, limit: int) -> tuple[str, list[Any]]:
+        """Recorded dedupe keys greater than `after`, in key order."""
+        p = self.param
+        sql = (
+            f"SELECT key, tape, entry_id, date FROM {self.prefix}dedupe WHERE key > {p}1"
+            f" ORDER BY key LIMIT {p}2"
+        )
+        return sql, [after, limit]
+
+    def session_tapes(self, session_id: str) -> tuple[str, list[Any]]:
+        """The names of a session id's live tapes, oldest first."""
+        sql = (
+            f"SELECT name FROM {self.prefix}tapes WHERE session_id = {self.param}1"
+            " AND role = 'live' ORDER BY id"
+        )
+        return sql, [session_id]
+
+    # -- jobs (tape/jobs.py) -------------------------------------------------------------------
+    def jobs(
+        self, session_id: str | None, kinds: Sequence[str] | None, limit: int
+    ) -> tuple[str, list[Any]]:
+        """Jobs soonest first: all, or a session's, or of `kinds`."""
+        args, arg = self.params()
+        where = self._job_filter(session_id, kinds, arg)
+        sql = f"SELECT {COLUMNS} FROM {self.prefix}jobs{where} ORDER BY due, id LIMIT {arg(limit)}"
+        return sql, args
+
+    def remove_job(
+        self, job_id: str, session_id: str | None, kinds: Sequence[str] | None
+    ) -> tuple[str, list[Any]]:
+        """Delete a job (only a session's or of `kinds` when given), returning its row."""
+        args, arg = self.params()
+        where = f" WHERE id = {arg(safe_text(job_id))}"
+        where += self._job_filter(session_id, kinds, arg).replace(" WHERE ", " AND ", 1)
+        return f"DELETE FROM {self.prefix}jobs{where} RETURNING {COLUMNS}", args
+
+    def next_due(self, kinds: Sequence[str], channels: Sequence[str]) -> tuple[str, list[Any]]:
+        """The soonest due time of the jobs of `kinds` for `channels`."""
+        args, arg = self.params()
+        sql = (
+            f"SELECT min(due) FROM {self.prefix}jobs WHERE {self.among('kind', kinds, arg)}"
+            f" AND {self.among('channel', channels, arg)}"
+        )
+        return sql, args
+
+    def due_jobs(
+        self, now: float, kinds: Sequence[str], channels: Sequence[str], limit: int
+    ) -> tuple[str, list[Any]]:
+        """Up to `limit` jobs of `kinds` for `channels` due at `now`, claimed (`claim`)."""
+        args, arg = self.params()
+        sql = (
+            f"SELECT {COLUMNS} FROM {self.prefix}jobs WHERE due <= {arg(now)}"
+            f" AND {self.among('kind', kinds, arg)} AND {self.among('channel', channels, arg)}"
+            f" ORDER BY due, id LIMIT {arg(limit)}{self.claim}"
+        )
+        return sql, args
+
+    def _job_filter(
+        self, session_id: str | None, kinds: Sequence[str] | None, arg: Callable[[Any], str]
+    ) -> str:
+        clauses = []
+        if session_id is not None:
+            clauses.append(f"session_id = {arg(safe_text(session_id))}")
+        if kinds is not None:
+            clauses.append(self.among("kind", kinds, arg))
+        return " WHERE " + " AND ".join(clauses) if clauses else ""
+
 
 SQLITE = Dialect(prefix="", param="?", greatest="max", position="instr", arrays=False)
-POSTGRES = Dialect(prefix="bub_", param="$", greatest="greatest", position="strpos", arrays=True)
+POSTGRES = Dialect(
+    prefix="bub_",
+    param="$",
+    greatest="greatest",
+    position="strpos",
+    arrays=True,
+    claim=" FOR UPDATE SKIP LOCKED",
+)

@@ -15,13 +15,15 @@ import aiosqlite
 
 from ..hardening import create_private_file, database_files, private_dir, private_files
 from . import sqlite_forks
+from . import sqlite_writes as writes
 from .entries import TapeEntry, safe_text, utc_now
-from .forks import ForkPoint, Merged, lifecycle_events
-from .jobs import COLUMNS, Decide, Fired, Job, job_row, row_job
-from .names import SIDECAR_SEP, archive_name, tape_role
+from .forks import ForkPoint, Merged
+from .jobs import Decide, Fired, JobRow
+from .names import archive_name
 from .query import SQLITE, QuerySpec
 from .schema import SQLITE_VERSION, migrate_sqlite
-from .sqlite_usage import SQLiteUsage, add_usage
+from .sqlite_usage import SQLiteUsage
+from .statements import Statements
 from .store import (
     Append,
     Copies,
@@ -32,23 +34,18 @@ from .store import (
     TapeStats,
     TapeStoreError,
     TapeSummary,
-    check_copy_ids,
-    entry_row,
-    firing_append,
-    fork_base,
-    is_inbound,
     new_tag,
     row_entry,
-    with_ids,
 )
 
 T = TypeVar("T")
 
 
-class SQLiteTapeStore(SQLiteUsage, StoreBase):
+class SQLiteTapeStore(Statements, SQLiteUsage, StoreBase):
     """Tapes in one SQLite file. Open with `await SQLiteTapeStore.open(path)` or `async with`."""
 
     kind = "sqlite"
+    dialect = SQLITE
 
     def __init__(self, conn: aiosqlite.Connection, path: str) -> None:
         self._conn = conn
@@ -123,17 +120,17 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
 
     # -- writes -------------------------------------------------------------------------------
     async def _append(self, append: Append) -> list[int] | None:
-        return await self._run(_append, append, utc_now())
+        return await self._run(writes.append, append, utc_now())
 
     async def _reset(self, reset: Reset) -> str | None:
-        return await self._run(_reset, reset, utc_now())
+        return await self._run(writes.reset, reset, utc_now())
 
     async def _append_copies(self, copies: Copies) -> None:
-        await self._run(_append_copies, copies)
+        await self._run(writes.append_copies, copies)
 
     async def add_dedupe_records(self, records: Sequence[DedupeRecord]) -> int:
         """Record keys that are not recorded yet; returns how many were new."""
-        return await self._run(_add_dedupe, list(records))
+        return await self._run(writes.add_dedupe, list(records))
 
     # -- forks (tape/forks.py) ---------------------------------------------------------------
     async def fork(self, tape: str, *, tag: str = "", session_id: str | None = None) -> ForkPoint:
@@ -165,55 +162,17 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
         found = await self._run(sqlite_forks.discard, name, archived, utc_now(), whole)
         return archived if found else None
 
-    # -- jobs ---------------------------------------------------------------------------------
-    async def add_job(self, job: Job, *, limit: int | None = None) -> bool:
-        """Store a new job (with `limit`: only while its session has fewer of its kind)."""
-        return await self._run(_add_job, job_row(job), limit)
+    # -- statements (tape/statements.py) ------------------------------------------------------
+    async def _rows(self, sql: str, args: list[Any], *, write: bool = False) -> list[Any]:
+        return await self._run(writes.statement_rows, sql, args, write)
 
-    async def jobs(
-        self,
-        *,
-        session_id: str | None = None,
-        kinds: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[Job]:
-        """Jobs soonest first: all, or a session's, or of `kinds`."""
-        where, args = _job_filter(session_id, kinds)
-        sql = f"SELECT {COLUMNS} FROM jobs{where} ORDER BY due, id LIMIT ?"
-        return await self._run(lambda c: [row_job(r) for r in c.execute(sql, (*args, limit))])
+    async def _insert_job(self, row: JobRow, limit: int | None) -> bool:
+        return await self._run(writes.add_job, row, limit)
 
-    async def remove_job(
-        self, job_id: str, *, session_id: str | None = None, kinds: Sequence[str] | None = None
-    ) -> Job | None:
-        """Delete a job (only a session's or of `kinds` when given); returns it."""
-        where, args = _job_filter(session_id, kinds)
-        where = f"{where} AND id = ?" if where else " WHERE id = ?"
-        sql = f"DELETE FROM jobs{where} RETURNING {COLUMNS}"
-        return await self._run(_remove_job, sql, (*args, safe_text(job_id)))
-
-    async def next_due(self, *, kinds: Sequence[str], channels: Sequence[str]) -> float | None:
-        """The soonest due time of the jobs of `kinds` for `channels`."""
-        if not kinds or not channels:
-            return None
-        sql = (
-            f"SELECT min(due) FROM jobs WHERE kind IN ({_marks(kinds)})"
-            f" AND channel IN ({_marks(channels)})"
-        )
-        return await self._run(lambda c: c.execute(sql, (*kinds, *channels)).fetchone()[0])
-
-    async def fire_jobs(
-        self,
-        now: float,
-        decide: Decide,
-        *,
-        kinds: Sequence[str],
-        channels: Sequence[str],
-        limit: int = 100,
+    async def _claim_jobs(
+        self, now: float, decide: Decide, kinds: list[str], channels: list[str], limit: int
     ) -> list[Fired]:
-        """Fire the due jobs of `kinds` for `channels` in one transaction (see TapeStore)."""
-        if not kinds or not channels:
-            return []
-        return await self._run(_fire_jobs, now, decide, list(kinds), list(channels), limit)
+        return await self._run(writes.fire_jobs, now, decide, kinds, channels, limit)
 
     # -- reads --------------------------------------------------------------------------------
     async def stats(self, tape: str) -> TapeStats:
@@ -226,18 +185,6 @@ class SQLiteTapeStore(SQLiteUsage, StoreBase):
     async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
         """Live tapes, most recently active first (sidecars and archives only with include_all)."""
         return await self._run(_list_tapes, include_all)
-
-    async def is_duplicate(self, key: str) -> bool:
-        """Whether a dedupe key has been recorded."""
-        return await self._run(_has_key, safe_text(key))
-
-    async def dedupe_records(self, *, after: str = "", limit: int = 1000) -> list[DedupeRecord]:
-        """Recorded dedupe keys greater than `after`, in key order."""
-        return await self._run(_dedupe_records, after, limit)
-
-    async def session_tapes(self, session_id: str) -> list[str]:
-        """The live tapes of a session id (one per workspace it was used in)."""
-        return await self._run(_session_tapes, safe_text(session_id))
 
 
 # -- functions run on the database thread --------------------------------------------------
@@ -260,250 +207,6 @@ def _probe(conn: sqlite3.Connection, now: str) -> None:
         conn.execute("ROLLBACK")
 
 
-def _tape_id(
-    conn: sqlite3.Connection, tape: str, session_id: str | None, now: str, updated: str = ""
-) -> int:
-    """The tape's row id, creating the row (and filling a missing session id) as needed."""
-    row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
-    if row is not None:
-        if session_id and row[1] is None:
-            conn.execute("UPDATE tapes SET session_id = ? WHERE id = ?", (session_id, row[0]))
-        return row[0]
-    cur = conn.execute(
-        "INSERT INTO tapes (name, role, session_id, created, updated) VALUES (?, ?, ?, ?, ?)",
-        (tape, tape_role(tape), session_id, updated or now, updated or now),
-    )
-    return cur.lastrowid  # type: ignore[return-value]
-
-
-_last_id = sqlite_forks.last_id
-
-
-def _last_anchor(conn: sqlite3.Connection, tape_id: int) -> int:
-    return conn.execute(
-        "SELECT coalesce(max(id), 0) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
-    ).fetchone()[0]
-
-
-_INSERT = (
-    "INSERT INTO entries (tape, id, kind, name, payload, meta, date) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def _append(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        ids = _append_rows(conn, w, now)
-        conn.execute("COMMIT" if ids is not None else "ROLLBACK")
-        return ids
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _append_rows(conn: sqlite3.Connection, w: Append, now: str) -> list[int] | None:
-    """The append inside a transaction; None (having written nothing) when it refuses."""
-    if w.dedupe_keys:
-        marks = ",".join("?" * len(w.dedupe_keys))
-        seen = conn.execute(f"SELECT 1 FROM dedupe WHERE key IN ({marks})", w.dedupe_keys)
-        if seen.fetchone() is not None:
-            return None
-    tape_id = _tape_id(conn, w.tape, w.session_id, now)
-    last_id = _last_id(conn, tape_id)
-    has_anchor = (w.if_no_anchor or w.bootstrap is not None) and _last_anchor(conn, tape_id) > 0
-    if w.if_no_anchor and has_anchor:
-        return None
-    rows, skip = w.rows, 0
-    if w.adds:
-        # In the append's transaction: the counters move exactly when the entries are written.
-        found = add_usage(conn, w.adds, now)
-        if w.decide is not None:
-            rows = w.decide(found) or rows
-    if w.bootstrap is not None and not has_anchor:
-        rows = [w.bootstrap, *rows]
-        skip = 1
-    ids = list(range(last_id + 1, last_id + 1 + len(rows)))
-    conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in zip(ids, rows, strict=True)])
-    ids = ids[skip:]
-    if w.dedupe_keys:
-        first_id = ids[0] if ids else 0
-        conn.executemany(
-            "INSERT INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
-            [(key, w.tape, first_id, now) for key in w.dedupe_keys],
-        )
-    return ids
-
-
-def _marks(values: Sequence[object]) -> str:
-    return ",".join("?" * len(values))
-
-
-def _job_filter(session_id: str | None, kinds: Sequence[str] | None) -> tuple[str, list[str]]:
-    clauses, args = [], []
-    if session_id is not None:
-        clauses.append("session_id = ?")
-        args.append(safe_text(session_id))
-    if kinds is not None:
-        clauses.append(f"kind IN ({_marks(kinds)})" if kinds else "0")
-        args.extend(kinds)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
-
-
-def _add_job(conn: sqlite3.Connection, row: tuple[Any, ...], limit: int | None) -> bool:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if limit is not None:
-            count = conn.execute(
-                "SELECT count(*) FROM jobs WHERE session_id = ? AND kind = ?", (row[2], row[1])
-            ).fetchone()[0]
-            if count >= limit:
-                conn.execute("ROLLBACK")
-                return False
-        conn.execute(f"INSERT INTO jobs ({COLUMNS}) VALUES ({_marks(row)})", row)
-        conn.execute("COMMIT")
-        return True
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _remove_job(conn: sqlite3.Connection, sql: str, args: tuple[str, ...]) -> Job | None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        row = conn.execute(sql, args).fetchone()
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return row_job(row) if row is not None else None
-
-
-def _fire_jobs(
-    conn: sqlite3.Connection,
-    now: float,
-    decide: Decide,
-    kinds: list[str],
-    channels: list[str],
-    limit: int,
-) -> list[Fired]:
-    stamp = utc_now()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        # Under the write lock: a job another process fired a moment ago has moved on.
-        rows = conn.execute(
-            f"SELECT {COLUMNS} FROM jobs WHERE due <= ? AND kind IN ({_marks(kinds)})"
-            f" AND channel IN ({_marks(channels)}) ORDER BY due, id LIMIT ?",
-            (now, *kinds, *channels, limit),
-        ).fetchall()
-        fired: list[Fired] = []
-        for job in map(row_job, rows):
-            firing = decide(job)
-            append = firing_append(job, firing)
-            written = None
-            if append is not None and firing.entry is not None:
-                ids = _append_rows(conn, append, stamp)
-                written = None if ids is None else with_ids([firing.entry], ids)[0]
-            if firing.next_due is None:
-                conn.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
-            else:
-                conn.execute(
-                    "UPDATE jobs SET due = ?, fired = fired + 1 WHERE id = ?",
-                    (firing.next_due, job.id),
-                )
-            fired.append(Fired(job, firing, written))
-        conn.execute("COMMIT")
-        return fired
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _append_copies(conn: sqlite3.Connection, w: Copies) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        tape_id = _tape_id(conn, w.tape, w.session_id, w.updated, w.updated)
-        last = _last_id(conn, tape_id)
-        if last == 0 and fork_base(w.tape, w.entries):
-            # A fork's own entries go on from its fork point (tape/forks.py).
-            last = fork_base(w.tape, w.entries)
-            conn.execute("UPDATE tapes SET base = ? WHERE id = ?", (last, tape_id))
-        check_copy_ids(w.tape, w.entries, last)
-        conn.executemany(
-            _INSERT, [(tape_id, e.id, *row) for e, row in zip(w.entries, w.rows, strict=True)]
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _add_dedupe(conn: sqlite3.Connection, records: list[DedupeRecord]) -> int:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO dedupe (key, tape, entry_id, date) VALUES (?, ?, ?, ?)",
-            [(safe_text(r.key), r.tape, r.entry_id, r.date) for r in records],
-        )
-        added = conn.total_changes - before
-        conn.execute("COMMIT")
-        return added
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _family(conn: sqlite3.Connection, tape: str) -> list[tuple[int, str]]:
-    """The tape and its sidecars: (row id, name)."""
-    prefix = tape + SIDECAR_SEP
-    return conn.execute(
-        "SELECT id, name FROM tapes WHERE name = ? OR substr(name, 1, ?) = ?",
-        (tape, len(prefix), prefix),
-    ).fetchall()
-
-
-def _reset(conn: sqlite3.Connection, w: Reset, now: str) -> str | None:
-    tape, archived, carry_after = w.tape, w.archived, w.carry_inbound_after
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        session = conn.execute(
-            "SELECT id, session_id FROM tapes WHERE name = ?", (tape,)
-        ).fetchone()
-        if session is None:
-            archived = None  # never written: nothing to archive
-        rows = w.rows(archived)
-        if carry_after is not None and session is not None:
-            later = conn.execute(
-                "SELECT kind, name, payload, meta, date FROM entries WHERE tape = ? AND id > ?"
-                " AND instr(meta, '\"inbound\":') > 0 ORDER BY id",
-                (session[0], carry_after),
-            )
-            rows = rows + [r for r in later if is_inbound(r[3])]
-        family = _family(conn, tape)
-        sidecars = [name for _, name in family if name != tape]
-        if session is not None and sidecars:
-            events = lifecycle_events(tape, sidecars, archived, reset=True)
-            rows = rows + [entry_row(e) for e in events]
-        for row_id, name in family:
-            if archived is not None:
-                # Renaming the tape row moves all its entries at once: archive is O(1).
-                conn.execute(
-                    "UPDATE tapes SET name = ?, role = 'archive', updated = ? WHERE id = ?",
-                    (archived + name[len(tape) :], now, row_id),
-                )
-            else:
-                conn.execute("DELETE FROM entries WHERE tape = ?", (row_id,))
-                conn.execute("DELETE FROM tapes WHERE id = ?", (row_id,))
-        tape_id = _tape_id(conn, tape, session[1] if session else None, now)
-        if rows:
-            conn.executemany(_INSERT, [(tape_id, i, *row) for i, row in enumerate(rows, start=1)])
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return archived
-
-
 def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
     row = conn.execute("SELECT id, session_id FROM tapes WHERE name = ?", (tape,)).fetchone()
     if row is None:
@@ -513,7 +216,11 @@ def _stats(conn: sqlite3.Connection, tape: str) -> TapeStats:
         "SELECT count(*) FROM entries WHERE tape = ? AND kind = 'anchor'", (tape_id,)
     ).fetchone()[0]
     return TapeStats(
-        tape, session_id, _last_id(conn, tape_id), anchors, _last_anchor(conn, tape_id)
+        tape,
+        session_id,
+        sqlite_forks.last_id(conn, tape_id),
+        anchors,
+        writes.last_anchor(conn, tape_id),
     )
 
 
@@ -542,23 +249,3 @@ def _list_tapes(conn: sqlite3.Connection, include_all: bool) -> list[TapeSummary
         sql += " WHERE t.role = 'live'"
     rows = [TapeSummary(*row) for row in conn.execute(sql)]
     return sorted(rows, key=lambda r: (r.updated, r.name), reverse=True)
-
-
-def _has_key(conn: sqlite3.Connection, key: str) -> bool:
-    return conn.execute("SELECT 1 FROM dedupe WHERE key = ?", (key,)).fetchone() is not None
-
-
-def _dedupe_records(conn: sqlite3.Connection, after: str, limit: int) -> list[DedupeRecord]:
-    rows = conn.execute(
-        "SELECT key, tape, entry_id, date FROM dedupe WHERE key > ? ORDER BY key LIMIT ?",
-        (after, limit),
-    )
-    return [DedupeRecord(*r) for r in rows]
-
-
-def _session_tapes(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    rows = conn.execute(
-        "SELECT name FROM tapes WHERE session_id = ? AND role = 'live' ORDER BY id",
-        (session_id,),
-    )
-    return [row[0] for row in rows]

@@ -92,6 +92,7 @@ class WebChannel:
             ("GET", "/static/{name}", self.static),
             ("GET", "/api/conversations", guard(chat.list_conversations, api=True)),
             ("POST", "/api/conversations", guard(chat.new_conversation, api=True)),
+            ("GET", "/api/conversations/{conversation}", guard(chat.one_conversation, api=True)),
             ("GET", "/api/conversations/{conversation}/messages", guard(chat.messages, api=True)),
             (
                 "POST",

@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from bub_bot.config import MODEL_MISSING, Settings
-from bub_bot.tape import Tape
+from bub_bot.tape import Tape, TapeStore
 from channels.base import (
     CLICK_ALREADY,
     CLICK_APPROVED,
@@ -70,6 +70,24 @@ COMMANDS_HINT = (
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+async def _summary(
+    store: TapeStore, tape: str, session_id: str, updated: str, entries: int
+) -> dict[str, Any]:
+    """A conversation's row of the list, titled by its first message (not a summary)."""
+    users = await store.query(tape, kinds=["message"], names=["user"], limit=5)
+    first = next((e for e in users if e.meta.get("inbound")), None)
+    title = ""
+    if first is not None:
+        content = first.payload.get("content")
+        title = content if isinstance(content, str) else "(image)"
+    return {
+        "id": session_id[len("web:") :],
+        "title": " ".join(title.split())[:80] or "(no messages since /reset)",
+        "updated": updated,
+        "entries": entries,
+    }
 
 
 def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
@@ -161,25 +179,28 @@ class ChatRoutes:
             rows.append(row)
             if len(rows) >= LIST_LIMIT:
                 break
-        found = []
-        for row in rows:
-            users = await store.query(row.name, kinds=["message"], names=["user"], limit=5)
-            first = next((e for e in users if e.meta.get("inbound")), None)  # not a summary
-            title = ""
-            if first is not None:
-                content = first.payload.get("content")
-                title = content if isinstance(content, str) else "(image)"
-            found.append(
-                {
-                    "id": row.session_id[len("web:") :],
-                    "title": " ".join(title.split())[:80] or "(no messages since /reset)",
-                    "updated": row.updated,
-                    "entries": row.entries,
-                }
-            )
+        found = [
+            await _summary(store, row.name, row.session_id, row.updated, row.entries)
+            for row in rows
+        ]
         return web.json_response(
             {"conversations": found, "model_configured": self.settings.model_configured}
         )
+
+    async def one_conversation(self, request: web.Request) -> web.StreamResponse:
+        """One conversation's row of the list, as `list_conversations` gives it: what the page
+        reads after new entries (only this conversation changed), instead of the whole list.
+        404 while its tape holds nothing."""
+        conversation = self._conversation(request)
+        if conversation is None:
+            return _error(404, "no such conversation")
+        tape = await self._tape(conversation)
+        newest = await tape.store.query(tape.name, newest_first=True, limit=1)
+        if not newest:
+            return _error(404, "no such conversation")
+        session = f"web:{conversation}"
+        row = await _summary(tape.store, tape.name, session, newest[0].date, newest[0].id)
+        return web.json_response(row)
 
     async def new_conversation(self, request: web.Request) -> web.StreamResponse:
         """A fresh conversation id (its tape starts with the first message)."""

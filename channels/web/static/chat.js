@@ -178,7 +178,7 @@
       data.items.forEach(addItem);
       if (data.items.length) {
         scrollDown();
-        refreshList();
+        refreshCurrent();
       }
     });
     source.addEventListener("working", (e) => {
@@ -262,6 +262,14 @@
     }
   }
 
+  function showRow(link, c) {
+    link.href = `#${c.id}`;
+    link.textContent = c.title;
+    link.title = `last activity ${c.updated.slice(0, 19).replace("T", " ")} UTC`;
+  }
+
+  // The whole list is read when a conversation is opened; after that, new entries change
+  // one conversation only (this one): its row is read alone and moved to the top.
   async function refreshList() {
     const res = await api("/api/conversations");
     const data = await res.json();
@@ -269,9 +277,7 @@
     let listed = false;
     for (const c of data.conversations) {
       const link = document.createElement("a");
-      link.href = `#${c.id}`;
-      link.textContent = c.title;
-      link.title = `last activity ${c.updated.slice(0, 19).replace("T", " ")} UTC`;
+      showRow(link, c);
       if (c.id === conversation) {
         link.className = "current";
         listed = true;
@@ -286,6 +292,20 @@
       list.prepend(link);
     }
     return data;
+  }
+
+  async function refreshCurrent() {
+    const id = conversation;
+    const res = await api(`/api/conversations/${id}`);
+    if (!res.ok || id !== conversation) return; // nothing stored yet, or another one is open
+    const c = await res.json();
+    let link = list.querySelector("a.current");
+    if (!link) {
+      link = document.createElement("a");
+      link.className = "current";
+    }
+    showRow(link, c);
+    list.prepend(link);
   }
 
   function open(id) {
