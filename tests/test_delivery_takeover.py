@@ -6,7 +6,9 @@ session's lease; real slack_sdk against FakeSlack.
 
 - a piece posted, its `reply.sent` not written: the takeover finds it recorded (no re-post);
 - a streamed partial posted, its `stream.shown` not written: the takeover edits the partial
-  into its answer (no second message).
+  into its answer (no second message);
+- the sender never comes back: the takeover waits a lease period, then asks Slack, finds the
+  post and records it (no re-post); the sender's late record adds nothing.
 """
 
 from __future__ import annotations
@@ -130,3 +132,37 @@ async def test_takeover_edits_the_partial_the_cut_replica_showed(
     assert slack.visible("C1", ts) == [FINAL]
     logged = caplog.text
     assert "stream.waiting" in logged and "stream.recorded_by_sender" in logged
+
+
+async def test_a_sender_that_never_comes_back_is_waited_for_once_then_slack_is_asked(
+    start_bot: StartBot,
+    slack: FakeSlack,
+    fake_openai: FakeOpenAI,
+    pg_cluster: PostgresCluster,
+    proxy: TcpProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stays cut: B waits a lease period for A's record, then delivers the piece itself,
+    asking Slack first: the post is in the thread, so it is recorded, not posted again.
+    When A's connection comes back at last, its late record adds nothing."""
+    caplog.set_level(logging.INFO, logger="bub_bot.runtime")
+    a, b = await two_bots(start_bot, pg_cluster, proxy, stream=False)
+    fake_openai.script(text(ANSWER))
+    ts = slack.next_ts()
+    session = sid("C1", ts)
+    await a.post(app_mention("C1", "U1", "a question", ts))
+    reached, release = hold_first_post(slack)
+    await asyncio.wait_for(reached.wait(), 15)
+    proxy.cut(reset=True)
+    release.set()
+    tape = b.tape(session)
+    await until(lambda: "reply.recalled" in caplog.text, timeout=LEASE * 5)
+    await b.idle(session)
+    assert "reply.resend" in caplog.text
+    assert slack.visible("C1", ts) == [FINAL] and len(slack.posts_in("C1", ts)) == 1
+    proxy.restore()
+    await until(lambda: not a.bot.runtime.delivery.records.waiting, timeout=10)
+    sent = await tape.query(kinds=["event"], names=["reply.sent"])
+    done = await tape.query(kinds=["event"], names=["inbound.done"])
+    assert len(sent) == 1 and len(done) == 1
+    assert len(fake_openai.completion_requests()) == 1
