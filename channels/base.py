@@ -271,6 +271,10 @@ class ReplyStream(Protocol):
     only where that is safe: never inside a UTF-16 pair, a tag, an entity, or leaving a code
     block open) is the stream's job. Failures raise as `send` does; the runtime logs them and
     the final answer is still delivered.
+
+    Optional: `final_ready()` (synchronous), called once the answer is complete, before the
+    runtime waits for an update in flight: a stream whose updates wait for the platform's
+    budget drops the one that has not gone out yet, so the answer does not wait behind it.
     """
 
     interval: float

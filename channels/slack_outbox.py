@@ -1,13 +1,19 @@
 """Slack outbound: posting reply pieces (paced per channel, 429s waited out, an unknown
 outcome never re-posted), ephemeral command replies, streams, and the working indicator
-(thread status, or reactions where the status is refused)."""
+(thread status, or reactions where the status is refused).
+
+Answers first: a stream's calls are *partial* requests (`partial=<the stream>`, see
+channels/pacing.py): in a channel's `chat.postMessage` window they go only when no answer's
+post could, a stream's partial call still waiting when its answer is ready is dropped
+(`drop`), and a partial call that gets a 429 is not repeated (`Dropped`; the 429 still holds
+every call of the method for its Retry-After)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 import aiohttp
@@ -18,7 +24,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from bub_bot.config import Settings
 
 from .base import DeliveryError, DeliveryUnknown
-from .pacing import Pacer, Rate
+from .pacing import Dropped, Pacer, Rate
 from .slack_format import format_and_split
 from .slack_stream import NativeStreams, SlackStream
 
@@ -83,6 +89,7 @@ class SlackOutbox:
             target,
             shown,
             call=self.call,
+            drop=self.drop,
             native=self._native_streams,
             team=team,
             set_status=set_status,
@@ -114,15 +121,18 @@ class SlackOutbox:
         response = await self.call("chat.postEphemeral", params)
         return [str(response.get("message_ts") or "")]
 
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def call(
+        self, method: str, params: dict[str, Any], *, partial: Hashable | None = None
+    ) -> dict[str, Any]:
         """One Web API call that posts something: waits out 429s, retries only failures that
-        provably never reached Slack, and reports an unknown outcome as DeliveryUnknown."""
+        provably never reached Slack, and reports an unknown outcome as DeliveryUnknown.
+        `partial`: a stream's update (see the module; `Dropped` instead of waiting)."""
         waits = 0
         connect_failures = 0
-        pacer = self._pacer(method)
+        pacer = self.pacer(method)
         while True:
             try:
-                async with pacer.turn(str(params.get("channel") or "")):
+                async with pacer.turn(str(params.get("channel") or ""), partial=partial):
                     try:
                         response = await self.client.api_call(method, json=params)
                     except SlackApiError as exc:
@@ -134,6 +144,8 @@ class SlackOutbox:
             except SlackApiError as exc:
                 status = exc.response.status_code
                 error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+                if status == 429 and partial is not None:
+                    raise Dropped from None  # not shown; the next update brings newer text
                 if status == 429 and waits < MAX_RATE_LIMIT_WAITS:
                     waits += 1
                     delay = _retry_after(exc.response.headers)
@@ -152,7 +164,11 @@ class SlackOutbox:
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                 raise DeliveryUnknown(f"{method}: connection lost, outcome unknown: {exc}") from exc
 
-    def _pacer(self, method: str) -> Pacer:
+    def drop(self, owner: Hashable) -> int:
+        """Take `owner`'s partial calls that still wait out of every method's queue."""
+        return sum(pacer.drop(owner) for pacer in self._pacers.values())
+
+    def pacer(self, method: str) -> Pacer:
         """The turns of one Web API method: `chat.postMessage` paced per channel, the others
         only held by a 429."""
         pacer = self._pacers.get(method)

@@ -16,7 +16,10 @@ text is `FIRST_DELAY` seconds old. The working indicator (assistant status or
 reaction) goes on alongside; between steps the status names the tools in use.
 
 Every call goes through `SlackOutbox.call` (429s waited out per method, an unknown outcome
-never repeated blindly; an update may be repeated, it is idempotent).
+never repeated blindly; an update may be repeated, it is idempotent). The calls that show
+partial text are partial requests (channels/pacing.py): in a channel's posting window they go
+only when no answer's post could, one that gets a 429 is skipped, and `final_ready()` drops
+the one still waiting when the answer is complete, so the answer never waits behind it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .base import DeliveryError, DeliveryUnknown
+from .pacing import Dropped
 from .slack_format import escape, format_and_split
 
 log = logging.getLogger("channels.slack")
@@ -43,7 +47,8 @@ FIRST_DELAY = 0.5
 UPDATE_ATTEMPTS = 3
 GONE = ("message_not_found", "cant_update_message", "edit_window_closed", "channel_not_found")
 
-Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Call = Callable[..., Awaitable[dict[str, Any]]]
+"""`SlackOutbox.call(method, params, partial=None)`."""
 
 
 class NativeStreams:
@@ -80,6 +85,7 @@ class SlackStream:
         shown: Sequence[str | None],
         *,
         call: Call,
+        drop: Callable[[object], int] | None = None,
         native: NativeStreams,
         team: str,
         set_status: Callable[[str], Awaitable[bool]] | None,
@@ -88,7 +94,12 @@ class SlackStream:
         self.channel = str(target["channel"])
         self.thread_ts = target.get("thread_ts")
         self.team = team
-        self._call = call
+        self._outbox_call = call
+        self._drop = drop
+        self._partial = False
+        """Within `update` / `status`: every call is a partial one."""
+        self._final = False
+        """The answer is ready: partial updates are over."""
         self._native = native
         self._set_status = set_status
         self._slots: list[_Slot | None] = [
@@ -108,10 +119,31 @@ class SlackStream:
     def _streams(self) -> bool:
         return self._can_stream and self.team not in self._native.refused
 
+    async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        if self._partial:
+            return await self._outbox_call(method, params, partial=self)
+        return await self._outbox_call(method, params)
+
     # -- ReplyStream -------------------------------------------------------------------------
+    def final_ready(self) -> None:
+        """The answer is complete: a partial call still waiting for its turn is dropped (one
+        in flight finishes), so the answer does not wait behind it."""
+        self._final = True
+        if self._drop is not None:
+            self._drop(self)
+
     async def update(self, text: str) -> bool:
-        if self._lost:
+        if self._lost or self._final:
             return True
+        self._partial = True
+        try:
+            return await self._update(text)
+        except Dropped:
+            return False  # nothing new was shown; newer text comes (or the answer)
+        finally:
+            self._partial = False
+
+    async def _update(self, text: str) -> bool:
         if not any(self._slots):
             now = time.monotonic()
             self._born = self._born or now
@@ -128,10 +160,18 @@ class SlackStream:
         return True
 
     async def status(self, text: str) -> None:
+        if self._final:
+            return
         if self._set_status is not None and self.thread_ts:
             await self._set_status(f"is {text}")
         if any(self._slots) and not self._lost:
-            await self._show([f"_{escape(text)}_"])
+            self._partial = True
+            try:
+                await self._show([f"_{escape(text)}_"])
+            except Dropped:
+                pass  # the next update (or the answer) replaces it
+            finally:
+                self._partial = False
 
     async def reset(self) -> None:
         return None  # the next text (or the final answer) replaces what is shown
@@ -201,7 +241,9 @@ class SlackStream:
         slot.native = False
         slot.shown = None  # Slack rendered Markdown; as mrkdwn it shows something else
         with contextlib.suppress(DeliveryError):  # not streaming (any more): nothing to stop
-            await self._call("chat.stopStream", {"channel": self.channel, "ts": slot.ts})
+            # Never dropped (not partial): the slot is marked stopped already.
+            params = {"channel": self.channel, "ts": slot.ts}
+            await self._outbox_call("chat.stopStream", params)
 
     # -- messages --------------------------------------------------------------------------------
     async def _show(self, pieces: list[str]) -> None:

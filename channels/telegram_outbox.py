@@ -7,8 +7,15 @@ go through `call` the same way) takes its turn from one `Pacer`: the limits are
 `BUB_TELEGRAM_RATE_GLOBAL`, `BUB_TELEGRAM_RATE_CHAT` and `BUB_TELEGRAM_RATE_GROUP` (chat ids
 below zero are groups), chats take turns fairly, and a 429 that comes anyway pauses its chat
 (or, when several chats get one at once, every send) for `retry_after` before the piece waits
-for its turn again. `sendChatAction` (typing) is not paced: it is not a message, and its 429s
-only pause the chats they name.
+for its turn again.
+
+Answers come first: a piece of an answer is a *final* request, a streamed draft or edit a
+*partial* one (`partial=<the stream>`), which the pacer lets go only from budget no answer
+needs and drops when its answer is ready (channels/pacing.py). A partial that gets a 429 is
+not queued again (`Dropped`: the next update brings newer text). `sendChatAction` (typing)
+is not counted (it is not a message) but goes only when a partial request could
+(`Pacer.spare`): while answers wait for the budget that beat is skipped. Its 429s only pause
+the chats they name.
 
 `call` takes a function of the Bot that builds the request when the turn comes, so a
 streaming edit sends the newest text at that moment rather than a stale one.
@@ -24,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
 import aiohttp
@@ -44,7 +51,7 @@ from aiogram.types import ReplyParameters
 from bub_bot.config import Settings
 
 from .base import DeliveryError, DeliveryUnknown
-from .pacing import Pacer, Rate
+from .pacing import Dropped, Pacer, Rate
 from .telegram_format import LIMIT, html_to_text, split_markdown
 
 log = logging.getLogger("channels.telegram")
@@ -54,6 +61,8 @@ GENERAL_TOPIC = 1
 MAX_SEND_ATTEMPTS = 8
 MAX_RETRY_AFTER = 300
 SOURCES_KEPT = 512
+SPARE_RETRY = 1.0
+"""Seconds before typing is tried again when a beat found no spare budget."""
 
 
 def telegram_pacer(settings: Settings) -> Pacer:
@@ -110,15 +119,23 @@ class TelegramOutbox:
         return self._sources.get(piece) or html_to_text(piece)
 
     # -- paced requests ------------------------------------------------------------------------
-    async def call(self, chat_id: int, request: Callable[[Bot], Awaitable[T]]) -> T:
-        """Run one request that posts or edits something in `chat_id`, in the chat's turn.
+    async def call(
+        self,
+        chat_id: int,
+        request: Callable[[Bot], Awaitable[T]],
+        *,
+        partial: Hashable | None = None,
+    ) -> T:
+        """Run one request that posts or edits something in `chat_id`, in the chat's turn;
+        `partial`: a streamed update of this owner (see the module; `Dropped` when it is
+        taken out of the queue).
 
         A 429 pauses the chat (or everything) before `TelegramRetryAfter` reaches the caller,
         so whatever the caller sends next waits for `retry_after`; while that is longer than
         `MAX_RETRY_AFTER` a request fails at once instead of queueing for it."""
         if (paused := self.pacer.paused_for(chat_id)) > MAX_RETRY_AFTER:
             raise DeliveryError(f"flood control: Telegram asked to wait {paused:.0f} s more")
-        async with self.pacer.turn(chat_id, group=chat_id < 0):
+        async with self.pacer.turn(chat_id, group=chat_id < 0, partial=partial):
             try:
                 async with self._api() as bot:
                     return await request(bot)
@@ -126,8 +143,11 @@ class TelegramOutbox:
                 self.pacer.flood(chat_id, exc.retry_after)
                 raise
 
-    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
-        """Post one piece as a reply to `target`; returns its message id (see the module)."""
+    async def send(
+        self, target: dict[str, Any], piece: str, *, partial: Hashable | None = None
+    ) -> list[str]:
+        """Post one piece as a reply to `target`; returns its message id (see the module).
+        `partial`: a stream posts its partial text (`Dropped` instead of waiting a 429 out)."""
         chat_id = self._route(int(target["chat_id"]))
         thread = target.get("thread_id")
         thread = None if thread in (None, GENERAL_TOPIC) else int(thread)
@@ -147,9 +167,12 @@ class TelegramOutbox:
                     lambda bot, chat=chat_id, text=text, kw=kwargs: bot.send_message(
                         chat, text, **kw
                     ),
+                    partial=partial,
                 )
                 return [str(sent.message_id)]
             except TelegramRetryAfter as exc:
+                if partial is not None:
+                    raise Dropped from None  # not posted; the next update brings newer text
                 if exc.retry_after > MAX_RETRY_AFTER:
                     raise DeliveryError(f"flood control: retry after {exc.retry_after}s") from None
                 # The pacer holds this chat back for retry_after; the piece queues again.
@@ -205,10 +228,13 @@ class TelegramOutbox:
             wait = self.typing_interval
             try:
                 chat_id = self._route(int(target["chat_id"]))
-                async with self._api() as bot:
-                    await bot.send_chat_action(
-                        chat_id, "typing", message_thread_id=int(thread) if thread else None
-                    )
+                if self.pacer.spare():
+                    async with self._api() as bot:
+                        await bot.send_chat_action(
+                            chat_id, "typing", message_thread_id=int(thread) if thread else None
+                        )
+                else:
+                    wait = min(wait, SPARE_RETRY)  # answers use the budget: try again soon
             except asyncio.CancelledError:
                 raise
             except TelegramRetryAfter as exc:

@@ -8,9 +8,13 @@ answer that is complete by then is simply sent, as without streaming), then edit
 (`editMessageText`); the final edit carries the formatted piece. An answer longer than one message continues in new
 messages (in a private chat the pieces before the one being written are messages too).
 
-Every request goes through the outbox's pacer, in the chat's turn, like `sendMessage`: the
-runtime's interval (1 s in private chats, 3 s in groups: Telegram counts edits against a
-group's 20 messages a minute) is on top of it. Text is cut by the same splitter as the final
+Every request goes through the outbox's pacer, in the chat's turn, like `sendMessage`, but as
+a *partial* one (channels/pacing.py): it takes only budget no answer needs, so under a backlog
+of answers a draft waits while the text grows (fewer, larger steps) and the answers go at the
+full rate; `final_ready()` (the runtime calls it when the answer is complete) drops a partial
+update that has not gone out yet, so the answer never waits behind it. The runtime's interval
+(1 s in private chats, 3 s in groups: Telegram counts edits against a group's 20 messages a
+minute) is on top of it. Text is cut by the same splitter as the final
 answer, so every partial render is valid HTML (no cut inside a tag, an entity or a UTF-16
 pair, a code block left open is closed). "message is not modified" is success; HTML Telegram
 cannot parse goes as its Markdown; a 429 skips a partial update (the next one brings newer
@@ -40,6 +44,7 @@ from aiogram.exceptions import (
 )
 
 from .base import DeliveryError, DeliveryUnknown
+from .pacing import Dropped
 from .telegram_format import escape
 from .telegram_outbox import GENERAL_TOPIC, MAX_RETRY_AFTER, TelegramOutbox
 
@@ -120,15 +125,29 @@ class TelegramStream:
         self._born: float | None = None
         self._lost = False
         """A post of ours may exist unseen (its outcome was unknown): post nothing more."""
+        self._final = False
+        """The answer is ready: partial updates are over."""
 
     @property
     def chat_id(self) -> int:
         return self._route(int(self.target["chat_id"]))
 
     # -- ReplyStream -------------------------------------------------------------------------
+    def final_ready(self) -> None:
+        """The answer is complete: a partial update still waiting for its turn is dropped (one
+        in flight finishes), so the answer does not wait behind it."""
+        self._final = True
+        self.outbox.pacer.drop(self)
+
     async def update(self, text: str) -> bool:
-        if self._lost:
+        if self._lost or self._final:
             return True
+        try:
+            return await self._update(text)
+        except Dropped:
+            return False  # nothing went out; newer text comes (or the answer)
+
+    async def _update(self, text: str) -> bool:
         if self._use_drafts():
             pieces = self.outbox.split(text)
             await self._fill(pieces[:-1])
@@ -147,6 +166,12 @@ class TelegramStream:
         return True
 
     async def status(self, text: str) -> None:
+        if self._final:
+            return
+        with contextlib.suppress(Dropped):
+            await self._status(text)
+
+    async def _status(self, text: str) -> None:
         html = f"<i>{escape(text)}</i>"
         if self._use_drafts():
             await self._trim(0)
@@ -157,8 +182,9 @@ class TelegramStream:
             await self._trim(1)
 
     async def reset(self) -> None:
-        if self._use_drafts() and self._draft:
-            await self._send_draft("")  # "Thinking…" until the new text comes
+        if self._use_drafts() and self._draft and not self._final:
+            with contextlib.suppress(Dropped):
+                await self._send_draft("")  # "Thinking…" until the new text comes
 
     async def deliver(self, index: int, piece: str) -> list[str] | None:
         message = self.shown[index] if index < len(self.shown) else None
@@ -205,6 +231,7 @@ class TelegramStream:
                             message_thread_id=self.thread,
                         )
                     ),
+                    partial=self,
                 )
                 self._draft = html
                 return True
@@ -240,7 +267,7 @@ class TelegramStream:
             if self._lost:
                 return
             try:
-                ids = await self.outbox.send(self.target, html)
+                ids = await self.outbox.send(self.target, html, partial=self)
             except DeliveryUnknown:
                 self._lost = True
                 raise
@@ -257,7 +284,7 @@ class TelegramStream:
         for index in range(count, len(self.shown)):
             message = self.shown[index]
             if message is not None:
-                await self._delete(message)
+                await self._delete(message, partial=True)
         del self.shown[count:]
         del self._html[count:]
 
@@ -275,6 +302,7 @@ class TelegramStream:
                     lambda bot, text=text, mode=mode: bot.edit_message_text(
                         text=text, chat_id=chat_id, message_id=int(message), parse_mode=mode
                     ),
+                    partial=None if final else self,
                 )
                 self._html[index] = html
                 return "ok"
@@ -309,9 +337,11 @@ class TelegramStream:
             raise DeliveryError(f"edit gave up after {EDIT_ATTEMPTS} attempts")
         return "skipped"
 
-    async def _delete(self, message: str) -> None:
+    async def _delete(self, message: str, *, partial: bool = False) -> None:
         chat_id = self.chat_id
         with contextlib.suppress(TelegramAPIError, AiogramError, DeliveryError):
             await self.outbox.call(
-                chat_id, lambda bot: bot.delete_message(chat_id=chat_id, message_id=int(message))
+                chat_id,
+                lambda bot: bot.delete_message(chat_id=chat_id, message_id=int(message)),
+                partial=self if partial else None,
             )

@@ -317,6 +317,11 @@ class TurnStream:
             return
         self._closed = True
         self._wake.set()
+        # The answer is ready: a partial update still queued for the platform's budget is
+        # dropped (`final_ready`, optional in the contract) instead of going out ahead of it.
+        final_ready = getattr(self.stream, "final_ready", None)
+        if callable(final_ready):
+            final_ready()
         task, self._task = self._task, None
         try:
             await asyncio.shield(task)

@@ -213,6 +213,8 @@ class FloodControl:
     accepted: int = 0
     rejected: int = 0
     """429s the limits answered (not counting ``fail_next`` ones)."""
+    rejected_by_method: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """The same 429s by method (``sendMessage``, ``sendMessageDraft``, ...)."""
     ignored_retry_after: int = 0
     """Requests to a chat that came before the ``retry_after`` it was told had passed."""
     bot_until: float = 0.0
@@ -715,6 +717,7 @@ class FakeTelegram:
             if retry_after is not None:
                 self.limits.told(chat_id, int(retry_after), now)
             elif not (fault and not fault.drop) and (refusal := self.limits.admit(chat_id, now)):
+                self.limits.rejected_by_method[method] += 1
                 return web.json_response(refusal.payload(), status=429)
         if fault and not fault.drop:
             err = ApiError(fault.code, fault.description, fault.parameters)
