@@ -134,6 +134,9 @@ class Agent:
         start: dict[str, Any] = {"turn": turn_id}
         if payer is not None:
             start["payer"] = payer
+        if progress is not None:
+            # The runtime's mark that partial text may show (runtime/streaming.py).
+            start["streams"] = True
         first.append(TapeEntry.event("loop.start", start, context=False))
         # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
         written = await tape.append_many(first, bootstrap=True)

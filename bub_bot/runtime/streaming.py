@@ -13,13 +13,14 @@ final piece appear in `reply.sent` / `reply.unknown`, ids the final answer did n
 `stream.closed`. Whatever is left open after a crash is taken over by the next delivery to
 the session (`leftover`), which edits it into the answer: never two answers, never one lost.
 
-Database outages: before a turn's stream shows its first partial text it writes
-`stream.opening` (once per streamed turn), and `stream.shown` counts as recorded only once it
-is written (`records.py` retries it until the database is back). A replica that takes over a
-session whose newest opening has no `stream.shown` yet waits up to a lease period for it
+Database outages: a streamed turn's start (`loop.start`, written by the agent before its
+first model call) says `streams`, and `stream.shown` counts as recorded only once it is
+written (`records.py` retries it until the database is back). A replica that takes over a
+session whose newest streamed turn has no `stream.shown` waits up to a lease period for it
 (`await_partial`): its sender, cut from the database, writes it as soon as it can. A sender
-that died never does: after the wait the answer comes as a new message (as before). A stream
-that only ever showed a draft (no message id) costs such a takeover the same wait.
+that died never does: after the wait the answer comes as a new message (as before). A turn
+that had shown nothing yet, or only a draft (no message id), costs such a takeover the same
+wait; in exchange the mark costs no write and the first partial waits for no write.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ from .records import Records
 log = logging.getLogger("bub_bot.runtime")
 
 SHOWN = "stream.shown"
-OPENING = "stream.opening"
-"""A turn's stream is about to show its first partial text: a takeover waits for the
-`stream.shown` that follows (the partial's id) before it answers anew."""
+OPENING = "loop.start"
+"""A turn's start (written by the agent before its first model call) says `streams` when the
+turn shows partial text: a takeover waits for the `stream.shown` that may follow (the
+partial's id) before it answers anew. The mark costs no write of its own."""
 CLOSED = "stream.closed"
 STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, REPLY_UNKNOWN]
 WAIT_POLL = 0.2
@@ -78,15 +80,16 @@ def leftover(entries: list[TapeEntry]) -> list[str | None]:
 
 
 def unrecorded_opening(entries: list[TapeEntry]) -> TapeEntry | None:
-    """The newest `stream.opening` no `stream.shown` of its turn (nor an `inbound.done`: its
-    turn ended) follows: a partial may be showing that nobody could record yet."""
+    """The newest start of a streamed turn that no `stream.shown` of its turn (nor an
+    `inbound.done`: its turn ended) follows: a partial may be showing that nobody could
+    record yet."""
     opening: TapeEntry | None = None
     for entry in entries:
         if entry.kind != "event":
             continue
         name = entry.payload.get("name")
         data = entry.payload.get("data") or {}
-        if name == OPENING:
+        if name == OPENING and data.get("streams"):
             opening = entry
         elif opening is not None and (
             name == DONE or (name == SHOWN and data.get("turn") == opening.payload["data"]["turn"])
@@ -200,11 +203,12 @@ class TurnStream:
         self._recorded: list[str | None] = list(stream.shown) if stream is not None else []
         self.records = records or Records()
         """Where what the stream shows is recorded (retried through database outages)."""
-        self._opened = bool(self._recorded)
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TurnStream:
         if self.live:
+            # This process shows this turn's partials: their records are its own.
+            self.records.began(self.tape.name, self.turn_id)
             self._task = asyncio.get_running_loop().create_task(
                 self._pump(), name=f"stream:{self.turn_id}"
             )
@@ -257,8 +261,6 @@ class TurnStream:
             if event.kind == "text":
                 if not event.text.strip():
                     return False
-                if not self._opened:
-                    await self._open()
                 shown = await self.stream.update(event.text)
                 if not shown:
                     return True
@@ -283,14 +285,6 @@ class TurnStream:
                 log.warning("stream.stopped channel=%s turn=%s", self.channel, self.turn_id)
                 self._closed = True
         return False
-
-    async def _open(self) -> None:
-        """Mark on the tape that partial text is about to be shown (before it is: a takeover
-        then knows to wait for its `stream.shown`)."""
-        self.records.began(self.tape.name, self.turn_id)
-        mark = TapeEntry.event(OPENING, {"turn": self.turn_id}, context=False)
-        await self.records.write(self.tape, [mark])
-        self._opened = True
 
     async def _record(self) -> None:
         """Write the ids of newly visible partial messages to the tape (for a crash); they
