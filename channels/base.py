@@ -325,6 +325,23 @@ class Streams(Protocol):
 
 
 @runtime_checkable
+class Recalls(Protocol):
+    """Optional: a channel whose platform can be asked whether a piece was posted.
+
+    Every piece goes out with a delivery `key` the platform keeps with the message (Slack:
+    the message `metadata`); when the runtime resumes a piece whose fate it never recorded,
+    it asks once (`recall`) before posting again. Telegram cannot be asked: its pieces are
+    posted again (at least once)."""
+
+    async def send_keyed(self, target: dict[str, Any], piece: str, key: str) -> list[str]:
+        """`send`, with `key` kept on the posted message."""
+
+    async def recall(self, target: dict[str, Any], key: str) -> list[str] | None:
+        """The ids of the message posted with `key` near `target`; [] when it is not there;
+        None when the platform could not be asked (then the piece is posted again)."""
+
+
+@runtime_checkable
 class Approvals(Protocol):
     """Optional: a channel that shows approval requests with Approve / Deny buttons.
 

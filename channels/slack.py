@@ -57,6 +57,7 @@ from .slack_files import SlackFiles
 from .slack_files import attachments as file_attachments
 from .slack_history import first_mention_history
 from .slack_outbox import SlackOutbox
+from .slack_recall import SlackRecall, metadata
 from .slack_stream import SlackStream
 
 log = logging.getLogger("channels.slack")
@@ -123,6 +124,8 @@ class SlackChannel:
         self._notified: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.outbox = SlackOutbox(settings, self.client)
+        self.recalls = SlackRecall(self.client)
+        """Finds a piece posted before its delivery was recorded (`channels.base.Recalls`)."""
         self.approvals = SlackApprovals(self.outbox, lambda: self.team_id)
         """Approval requests with Block Kit buttons (channels/slack_approvals.py)."""
         self.files = SlackFiles(token, self.api_url, self.client)
@@ -463,6 +466,14 @@ class SlackChannel:
 
     async def send(self, target: dict[str, Any], piece: str) -> list[str]:
         return await self.outbox.send(target, piece)
+
+    async def send_keyed(self, target: dict[str, Any], piece: str, key: str) -> list[str]:
+        """`send` with the delivery key in the message metadata (`channels.base.Recalls`)."""
+        return await self.outbox.send(target, piece, metadata=metadata(key))
+
+    async def recall(self, target: dict[str, Any], key: str) -> list[str] | None:
+        """The message posted with `key` in the target's thread (channels/slack_recall.py)."""
+        return await self.recalls.find(target, key)
 
     def stream(
         self, target: dict[str, Any], shown: Sequence[str | None] = ()

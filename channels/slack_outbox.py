@@ -55,12 +55,17 @@ class SlackOutbox:
     def split(self, text: str) -> list[str]:
         return format_and_split(text)
 
-    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+    async def send(
+        self, target: dict[str, Any], piece: str, *, metadata: dict[str, Any] | None = None
+    ) -> list[str]:
+        """Post one piece; `metadata`: the message metadata (its delivery key)."""
         if target.get("ephemeral"):
             return await self._send_ephemeral(target, piece)
         params: dict[str, Any] = {"channel": target["channel"], "text": piece}
         if target.get("thread_ts"):
             params["thread_ts"] = target["thread_ts"]
+        if metadata:
+            params["metadata"] = metadata
         response = await self.call("chat.postMessage", params)
         return [str(response.get("ts") or "")]
 

@@ -171,6 +171,32 @@ class PostgresCluster:
                 raise RuntimeError(f"PostgreSQL did not start:\n{log}")
         return self
 
+    def shut_down(self) -> None:
+        """Stop the server as an operator's restart does (fast shutdown: every connection is
+        closed), keeping its data for `start_again`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(2)  # SIGINT: fast shutdown
+            self.proc.wait(timeout=20)
+
+    def start_again(self) -> None:
+        """Start the server stopped by `shut_down` on the same port and data."""
+        assert self.proc is not None and self.proc.poll() is not None and self.port
+        speed = (
+            [] if self.durable else ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+        )
+        options = [arg for name in [*speed, "max_connections=200"] for arg in ("-c", name)]
+        self.proc = subprocess.Popen(
+            self._cmd(
+                str(self.bindir / "postgres"),
+                *("-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1"),
+                *("-k", str(self.root), *options),
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        if not self._wait_ready():
+            raise RuntimeError("PostgreSQL did not start again")
+
     def _wait_ready(self, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -146,6 +146,9 @@ class Agent:
         start: dict[str, Any] = {"turn": turn_id}
         if payer is not None:
             start["payer"] = payer
+        if progress is not None:
+            # The runtime's mark that partial text may show (runtime/streaming.py).
+            start["streams"] = True
         first.append(TapeEntry.event("loop.start", start, context=False))
         # Not written yet (no messages to put on the tape before the first model call): it
         # goes first in the turn's first write, with the bootstrap anchor if the tape has none.

@@ -66,7 +66,9 @@ class Runtime:
         agent.budgets = self.budgets
         self.sessions = Sessions(store, settings.workspace)
         self.placement = Placement(settings, store, shared=self.leases.shared)
-        self.delivery = Delivery(self.channels, emit, settings)
+        # A takeover waits a lease period for the record of a piece its sender may have sent.
+        wait = settings.lease_seconds if self.leases.shared else 0.0
+        self.delivery = Delivery(self.channels, emit, settings, takeover_wait=wait)
         self.schedules = ScheduleBook(store, settings, clock)
         """A conversation's prompt jobs (the `schedule.*` tools, /schedules)."""
         self.commands = CommandRunner(
@@ -229,4 +231,5 @@ class Runtime:
                 log.warning(
                     "shutdown cancelled %d unfinished turns; they resume on next start", len(still)
                 )
+        await self.delivery.records.close()  # facts of delivery still waiting for the database
         await self.lease_keeper.close()

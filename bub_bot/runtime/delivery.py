@@ -4,6 +4,16 @@ The last piece's `reply.sent` and whatever must follow it (the `inbound.done` ma
 write, so a restart resumes delivery at the first piece not yet recorded and never re-sends a
 piece whose fate is unknown.
 
+At least once, and once whenever it can be known. Every piece is marked on the tape before it
+goes out: the first by the reply entry itself when a turn wrote it (the turn's last append
+carries the mark, no write of its own), else by a `reply.sending`; every later one by its
+predecessor's record. What the platform took is a fact and is written once the database is
+back (`records.py`: retried with backoff, no lease needed). A process that resumes a marked
+piece without a record, sent by another process, waits up to a lease period for that record
+before sending the piece again: the old owner reaches the database when we do. A dead owner
+never writes it: then the piece goes out again, as after a crash (Slack is asked first where
+its channel can: `channels.base.Recalls`).
+
 A streamed reply's pieces go through its `ReplyStream` first (the partial message becomes the
 piece); a delivery without one takes over the partial messages a crashed stream left in the
 session (`streaming.leftover`).
@@ -11,8 +21,11 @@ session (`streaming.leftover`).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.base import (
@@ -20,6 +33,7 @@ from channels.base import (
     Channel,
     DeliveryError,
     DeliveryUnknown,
+    Recalls,
     ReplyStream,
     Streams,
 )
@@ -27,11 +41,22 @@ from channels.base import (
 from ..approvals.requests import REQUEST
 from ..config import Settings
 from ..tape import TapeEntry
-from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN, reply_text
+from .facts import DONE, REPLY_SENDING, REPLY_SENT, REPLY_UNKNOWN, marks_itself, reply_text
+from .records import PIECE_RECORDS, Records
 from .session import Session
-from .streaming import STREAM_EVENTS, closed_event, leftover, open_stream
+from .streaming import (
+    OPENING,
+    STREAM_EVENTS,
+    await_partial,
+    closed_event,
+    leftover,
+    open_stream,
+)
 
 log = logging.getLogger("bub_bot.runtime")
+
+TAKEOVER_POLL = 0.2
+"""Seconds between looks at the tape while waiting for another process's record."""
 
 
 class Delivery:
@@ -42,10 +67,18 @@ class Delivery:
         channels: dict[str, Channel],
         emit: Callable[..., None],
         settings: Settings,
+        *,
+        takeover_wait: float = 0.0,
+        records: Records | None = None,
     ) -> None:
         self.channels = channels
         self._emit = emit
         self.settings = settings
+        self.takeover_wait = takeover_wait
+        """Seconds a resumed piece another process may be sending waits for its record (a
+        lease period with shared leases; 0 with one process: the sender is dead)."""
+        self.records = records or Records()
+        """Where the facts of delivery are written, retried through database outages."""
 
     async def finish(
         self,
@@ -66,15 +99,17 @@ class Delivery:
         skipped. `stream`, `on_sent` and `adopt` are as for `send`.
         """
         done: set[int] = set()
+        marked = marks_itself(reply)
+        unsure: int | None = None
         if not fresh:
-            sent = await session.tape.query(
-                after_id=reply.id, kinds=["event"], names=[REPLY_SENT, REPLY_UNKNOWN]
-            )
-            done = {
-                e.payload["data"].get("chunk")
-                for e in sent
-                if e.payload["data"].get("reply") == reply.id
-            }
+            found = await self._resume_point(session, reply)
+            if found is None:
+                session.cursor = None  # closed meanwhile (by its sender): read the tape's
+                return
+            done, marked = found
+            if marked:
+                # Its fate is unknown: a platform that can be asked is asked first.
+                unsure = next(i for i in range(len(done) + 1) if i not in done)
         marker = TapeEntry.event(
             DONE, {"through": through, "reply": reply.id, **data}, context=False
         )
@@ -90,6 +125,9 @@ class Delivery:
             on_sent=on_sent,
             adopt=adopt,
             ask=reply.payload["data"] if asks else None,
+            marked=marked,
+            key=delivery_key(session.tape.name, reply),
+            unsure=unsure,
         )
         session.cursor = through
 
@@ -105,6 +143,9 @@ class Delivery:
         on_sent: Callable[[], None] | None = None,
         adopt: bool = True,
         ask: dict[str, Any] | None = None,
+        marked: bool = True,
+        key: str | None = None,
+        unsure: int | None = None,
     ) -> None:
         """Send `text` piece by piece, recording each; `then` is written with the last
         piece's record (or after the last attempt when that piece was not sent).
@@ -114,8 +155,13 @@ class Delivery:
 
         `stream`: the reply's stream, which delivers the pieces it shows; without one (and
         with `adopt`) partial messages a crashed stream left are taken over. `on_sent` is
-        called once the first piece is out."""
+        called once the first piece is out.
+
+        `marked`: the tape already says the first piece is being sent (the reply entry of a
+        turn, or a resumed piece's mark); otherwise a `reply.sending` is written before it
+        goes out. Every later piece is marked by its predecessor's record."""
         then = list(then or [])
+        self.records.began(session.tape.name, reply_id)
         channel_name = source.meta.get("channel", "")
         channel = self.channels.get(channel_name)
         target = source.meta.get("reply_target") or {}
@@ -125,7 +171,8 @@ class Delivery:
             log.error(
                 "reply.failed session=%s: channel %r is not running", session.id, channel_name
             )
-            await session.tape.append_many(
+            await self.records.write(
+                session.tape,
                 [
                     TapeEntry.event(
                         "reply.failed",
@@ -133,7 +180,7 @@ class Delivery:
                         context=False,
                     ),
                     *then,
-                ]
+                ],
             )
             return
         buttons = ask is not None and isinstance(channel, Approvals)
@@ -144,6 +191,11 @@ class Delivery:
             if skip and index in skip:
                 continue
             last = index == len(pieces) - 1
+            if index == 0 and not marked:
+                mark = {"reply": reply_id, "chunk": 0}
+                await self.records.write(
+                    session.tape, [TapeEntry.event(REPLY_SENDING, mark, context=False)]
+                )
             held: list[str] = []
             try:
                 ids = None
@@ -155,7 +207,7 @@ class Delivery:
                     held = [slot] if slot else []
                     ids = await stream.deliver(index, piece)
                 if ids is None:
-                    ids = await channel.send(target, piece)
+                    ids = await self._post(session, channel, target, piece, index, key, unsure)
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
@@ -167,7 +219,8 @@ class Delivery:
                 self._emit("reply", channel=channel_name, outcome="unknown")
             except (DeliveryError, Exception) as exc:
                 log.error("reply.failed session=%s chunk=%d: %s", session.id, index, exc)
-                await session.tape.append_many(
+                await self.records.write(
+                    session.tape,
                     [
                         TapeEntry.event(
                             "reply.failed",
@@ -175,7 +228,7 @@ class Delivery:
                             context=False,
                         ),
                         *then,
-                    ]
+                    ],
                 )
                 self._emit("reply", channel=channel_name, outcome="failed")
                 return
@@ -194,18 +247,104 @@ class Delivery:
                 shown = 0 if buttons else len(pieces)  # the buttons' message is no stream's
                 extra = [*await self._end(session, stream, shown, reply_id), *then]
                 then = []
-            await session.tape.append_many([record, *extra])
+            # A fact once the platform answered: written once the database takes it.
+            await self.records.write(session.tape, [record, *extra])
         if then:
-            await session.tape.append_many(
-                [*await self._end(session, stream, len(pieces), reply_id), *then]
+            await self.records.write(
+                session.tape, [*await self._end(session, stream, len(pieces), reply_id), *then]
             )
+
+    async def _post(
+        self,
+        session: Session,
+        channel: Channel,
+        target: dict[str, Any],
+        piece: str,
+        index: int,
+        key: str | None,
+        unsure: int | None,
+    ) -> list[str]:
+        """Post one piece, with its delivery key where the channel keeps one; a piece whose
+        fate is unknown is looked for first (once) and not posted again when found."""
+        if key is None or not isinstance(channel, Recalls):
+            return await channel.send(target, piece)
+        piece_key = f"{key}.{index}"
+        if index == unsure:
+            found = await channel.recall(target, piece_key)
+            if found:
+                log.info("reply.recalled session=%s chunk=%d ids=%s", session.id, index, found)
+                return found
+        return await channel.send_keyed(target, piece, piece_key)
+
+    async def _resume_point(
+        self, session: Session, reply: TapeEntry
+    ) -> tuple[set[int], bool] | None:
+        """Where a resumed delivery of `reply` starts: the pieces already recorded and
+        whether the next one is marked as being sent; None: the reply was closed meanwhile.
+
+        A marked piece without a record may be out already, sent by a process that could not
+        record it yet (its database connection broke after the platform answered). Records
+        of this process are its own: they are waited for here. Another process's are waited
+        for up to `takeover_wait` seconds (it writes them as soon as it reaches the database,
+        which is when we do); if none comes, the sender is dead and the piece goes out
+        again, as after a crash."""
+        await self.records.settled(session.tape.name)
+        deadline = time.monotonic() + self.takeover_wait
+        waited = False
+        while True:
+            found = await session.tape.query(
+                after_id=reply.id,
+                kinds=["event"],
+                names=[*PIECE_RECORDS, REPLY_SENDING, DONE],
+            )
+            mine = [e for e in found if e.payload["data"].get("reply") == reply.id]
+            if any(e.payload["name"] == DONE for e in mine):
+                if waited:
+                    log.info("reply.recorded_by_sender session=%s entry=%d", session.id, reply.id)
+                return None
+            done = {
+                e.payload["data"].get("chunk")
+                for e in mine
+                if e.payload["name"] in (REPLY_SENT, REPLY_UNKNOWN)
+            }
+            first = next(i for i in range(len(done) + 1) if i not in done)
+            marked = first > 0 or marks_itself(reply)
+            marked = marked or any(
+                e.payload["name"] == REPLY_SENDING and e.payload["data"].get("chunk") == first
+                for e in mine
+            )
+            own = self.records.began_here(session.tape.name, reply.id)
+            if not marked or own or time.monotonic() >= deadline:
+                if waited:
+                    log.warning(
+                        "reply.resend session=%s entry=%d chunk=%d: its sender never recorded it",
+                        session.id,
+                        reply.id,
+                        first,
+                    )
+                return done, marked
+            if not waited:
+                log.info(
+                    "reply.waiting session=%s entry=%d chunk=%d wait=%.1fs",
+                    session.id,
+                    reply.id,
+                    first,
+                    self.takeover_wait,
+                )
+                waited = True
+            await asyncio.sleep(min(TAKEOVER_POLL, max(0.0, deadline - time.monotonic())))
 
     async def _adopt(
         self, session: Session, channel: Channel, target: dict[str, Any]
     ) -> ReplyStream | None:
         """A stream over the partial messages a crashed stream left in this session."""
-        found = await session.tape.query(
-            after_id=session.cursor or 0, kinds=["event"], names=STREAM_EVENTS
+
+        def read() -> Awaitable[list[TapeEntry]]:
+            names = [*STREAM_EVENTS, OPENING, DONE]
+            return session.tape.query(after_id=session.cursor or 0, kinds=["event"], names=names)
+
+        found = await await_partial(
+            session.tape, await read(), self.takeover_wait, self.records, read
         )
         if not leftover(found):
             return None
@@ -230,3 +369,10 @@ class Delivery:
             TapeEntry.event(DONE, {"through": through, **data}, context=False)
         )
         session.cursor = through
+
+
+def delivery_key(tape: str, reply: TapeEntry) -> str:
+    """A reply's delivery key: the same in every process, never reused by another reply (the
+    entry's date tells a reply from one with its id after a /reset)."""
+    digest = hashlib.sha256(f"{tape}|{reply.id}|{reply.date}".encode()).hexdigest()
+    return digest[:20]

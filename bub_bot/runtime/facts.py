@@ -19,6 +19,9 @@ DONE = "inbound.done"
 REPLY_SENT = "reply.sent"
 REPLY_UNKNOWN = "reply.unknown"
 """A piece the platform may or may not have posted: never sent again."""
+REPLY_SENDING = "reply.sending"
+"""A reply's first piece is about to go out (`delivery.py`): another replica that takes the
+session over waits for its record before sending it again."""
 
 
 def is_pending(entry: TapeEntry) -> bool:
@@ -66,6 +69,16 @@ def unhandled_replies(items: list[TapeEntry]) -> list[TapeEntry]:
         if e.kind == "event" and e.payload.get("name") == DONE
     }
     return [e for e in items if is_reply(e) and e.id not in handled]
+
+
+def marks_itself(reply: TapeEntry) -> bool:
+    """Whether the reply entry itself says its first piece is being sent: a reply written by
+    the worker that delivers it at once (a turn's answer or notice, an approval request, a
+    command's reply), so the write that records it carries the mark and the plain path writes
+    nothing more. A reply that carries its own target (the /reset reply, a schedule's or a
+    limit's notice) is delivered by whoever runs the session's queue next: it gets a
+    `reply.sending` of its own before it goes out."""
+    return "reply_target" not in reply.meta
 
 
 def seen_through(reply: TapeEntry) -> int | None:

@@ -36,7 +36,9 @@ class Recovery:
 
     async def finish_reply(self, session: Session, items: list[TapeEntry]) -> bool:
         """Finish delivering an answer that was computed but not fully sent (after a crash,
-        or the /reset reply written with the reset); False: there is none."""
+        or the /reset reply written with the reset); False: there is none. A piece another
+        process may have sent is waited for first (`Delivery.finish`, "at least once, and once
+        whenever it can be known")."""
         replies = unhandled_replies(items)
         if not replies:
             return False

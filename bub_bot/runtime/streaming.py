@@ -12,6 +12,15 @@ Crash safety: the platform ids of every message that shows partial text are reco
 final piece appear in `reply.sent` / `reply.unknown`, ids the final answer did not need in
 `stream.closed`. Whatever is left open after a crash is taken over by the next delivery to
 the session (`leftover`), which edits it into the answer: never two answers, never one lost.
+
+Database outages: a streamed turn's start (`loop.start`, written by the agent before its
+first model call) says `streams`, and `stream.shown` counts as recorded only once it is
+written (`records.py` retries it until the database is back). A replica that takes over a
+session whose newest streamed turn has no `stream.shown` waits up to a lease period for it
+(`await_partial`): its sender, cut from the database, writes it as soon as it can. A sender
+that died never does: after the wait the answer comes as a new message (as before). A turn
+that had shown nothing yet, or only a draft (no message id), costs such a takeover the same
+wait; in exchange the mark costs no write and the first partial waits for no write.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.base import Channel, ReplyStream, Streams
@@ -28,13 +37,20 @@ from channels.base import Channel, ReplyStream, Streams
 from ..agent import Progress
 from ..config import Settings
 from ..tape import Tape, TapeEntry
-from .facts import REPLY_SENT, REPLY_UNKNOWN
+from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN
+from .records import Records
 
 log = logging.getLogger("bub_bot.runtime")
 
 SHOWN = "stream.shown"
+OPENING = "loop.start"
+"""A turn's start (written by the agent before its first model call) says `streams` when the
+turn shows partial text: a takeover waits for the `stream.shown` that may follow (the
+partial's id) before it answers anew. The mark costs no write of its own."""
 CLOSED = "stream.closed"
 STREAM_EVENTS = [SHOWN, CLOSED, REPLY_SENT, REPLY_UNKNOWN]
+WAIT_POLL = 0.2
+"""Seconds between looks at the tape while waiting for another process's `stream.shown`."""
 HELD_RETRY = 0.1
 """Seconds before a text the channel held back (too little to post yet) is offered again."""
 MAX_FAILURES = 3
@@ -61,6 +77,56 @@ def leftover(entries: list[TapeEntry]) -> list[str | None]:
         return []
     slots = [i if isinstance(i, str) and i and i not in closed else None for i in newest]
     return slots if any(slots) else []
+
+
+def unrecorded_opening(entries: list[TapeEntry]) -> TapeEntry | None:
+    """The newest start of a streamed turn that no `stream.shown` of its turn (nor an
+    `inbound.done`: its turn ended) follows: a partial may be showing that nobody could
+    record yet."""
+    opening: TapeEntry | None = None
+    for entry in entries:
+        if entry.kind != "event":
+            continue
+        name = entry.payload.get("name")
+        data = entry.payload.get("data") or {}
+        if name == OPENING and data.get("streams"):
+            opening = entry
+        elif opening is not None and (
+            name == DONE or (name == SHOWN and data.get("turn") == opening.payload["data"]["turn"])
+        ):
+            opening = None
+    return opening
+
+
+async def await_partial(
+    tape: Tape,
+    entries: list[TapeEntry],
+    wait: float,
+    records: Records,
+    reread: Callable[[], Awaitable[list[TapeEntry]]],
+) -> list[TapeEntry]:
+    """`entries`, or after waiting for it, the entries with the `stream.shown` of a partial
+    another process began to show and could not record yet (its database connection broke):
+    up to `wait` seconds (a lease period; it records it as soon as it reaches the database,
+    which is when we do). A dead process never records it: then the partial stays behind,
+    and the answer comes as a new message."""
+    opening = unrecorded_opening(entries)
+    if opening is None:
+        return entries
+    turn = str(opening.payload["data"]["turn"])
+    await records.settled(tape.name)
+    if wait <= 0 or records.began_here(tape.name, turn):
+        return await reread() if records.began_here(tape.name, turn) else entries
+    log.info("stream.waiting session=%s turn=%s wait=%.1fs", tape.session_id, turn, wait)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(WAIT_POLL, max(0.0, deadline - time.monotonic())))
+        found = await tape.query(after_id=opening.id, kinds=["event"], names=[SHOWN, DONE])
+        if any(e.payload["name"] == DONE or e.payload["data"].get("turn") == turn for e in found):
+            log.info("stream.recorded_by_sender session=%s turn=%s", tape.session_id, turn)
+            return await reread()
+    log.warning("stream.partial_lost session=%s turn=%s: never recorded", tape.session_id, turn)
+    return entries
 
 
 def closed_event(reply: int | None, ids: list[str]) -> TapeEntry:
@@ -114,6 +180,7 @@ class TurnStream:
         channel: str,
         settings: Settings,
         emit: Callable[..., None],
+        records: Records | None = None,
     ) -> None:
         self.stream = stream
         self.live = stream is not None and settings.stream
@@ -134,10 +201,14 @@ class TurnStream:
         self._closed = not self.live
         self._failures = 0
         self._recorded: list[str | None] = list(stream.shown) if stream is not None else []
+        self.records = records or Records()
+        """Where what the stream shows is recorded (retried through database outages)."""
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TurnStream:
         if self.live:
+            # This process shows this turn's partials: their records are its own.
+            self.records.began(self.tape.name, self.turn_id)
             self._task = asyncio.get_running_loop().create_task(
                 self._pump(), name=f"stream:{self.turn_id}"
             )
@@ -216,19 +287,22 @@ class TurnStream:
         return False
 
     async def _record(self) -> None:
-        """Write the ids of newly visible partial messages to the tape (for a crash)."""
+        """Write the ids of newly visible partial messages to the tape (for a crash); they
+        count as recorded once written (a failed write is retried: `records.py`)."""
         if self.stream is None:
             return
         shown = list(self.stream.shown)
         if shown == self._recorded:
             return
-        self._recorded = shown
+        entry = TapeEntry.event(SHOWN, {"turn": self.turn_id, "ids": shown}, context=False)
         try:
-            await self.tape.append(
-                TapeEntry.event(SHOWN, {"turn": self.turn_id, "ids": shown}, context=False)
-            )
+            await self.records.write(self.tape, [entry])
+        except asyncio.CancelledError:
+            raise
         except Exception:
             log.exception("stream.record_failed turn=%s", self.turn_id)
+            return
+        self._recorded = shown
 
     async def settle(self) -> None:
         """Stop updating (an update in flight finishes first) and record what it showed."""

@@ -21,7 +21,7 @@ from .attachments import Attachments
 from .delivery import Delivery
 from .facts import REPLY_SENT, covered, head_through, is_barrier, is_pending
 from .session import Session
-from .streaming import TurnStream, open_stream
+from .streaming import TurnStream, await_partial, open_stream
 
 log = logging.getLogger("bub_bot.runtime")
 
@@ -122,7 +122,16 @@ class TurnRunner:
             context = None  # `resolve` may write the files' messages
         await self.attachments.resolve(session, messages)
 
-        # The reply is shown while it is written when the channel streams (streaming.py).
+        # The reply is shown while it is written when the channel streams (streaming.py); a
+        # partial another replica showed and could not record yet is waited for, then taken.
+        records = self.delivery.records
+        items = await await_partial(
+            session.tape,
+            items,
+            self.delivery.takeover_wait,
+            records,
+            lambda: session.tape.query(after_id=session.cursor or 0, kinds=["message", "event"]),
+        )
         shown = TurnStream(
             open_stream(channel, target, self.settings, items),
             tape=session.tape,
@@ -130,6 +139,7 @@ class TurnRunner:
             channel=channel_name,
             settings=self.settings,
             emit=self._emit,
+            records=records,
         )
         working = channel.working(target) if channel is not None else contextlib.nullcontext()
         # The indicator stays on until the answer is delivered, not just computed. The turn

@@ -103,7 +103,9 @@ class FakeSlack:
         """Answer the next N downloads with a 500."""
         self.threads: dict[tuple[str, str], list[Params]] = defaultdict(list)
         """(channel, thread_ts) -> the thread's messages, root first, for
-        ``conversations.replies`` (paged by ``limit`` with a ``next_cursor``)."""
+        ``conversations.replies`` (paged by ``limit`` with a ``next_cursor``); the bot's own posts
+        in a thread are answered with them (their ``metadata`` with
+        ``include_all_metadata``), as ``conversations.history`` answers the top level."""
         self.uploads: list[Params] = []
         """Files the bot posted (external upload, completed): filename, data, channel_id,
         thread_ts, initial_comment."""
@@ -135,6 +137,7 @@ class FakeSlack:
             "apps.connections.open": self._connections_open,
             "files.info": self._files_info,
             "conversations.replies": self._replies,
+            "conversations.history": self._history,
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
         }
@@ -221,17 +224,51 @@ class FakeSlack:
         self.threads[(channel, thread_ts)].append(message)
         return ts
 
+    def _posted_in(self, channel: str, thread_ts: str | None) -> list[Params]:
+        """The bot's messages still there in ``channel`` (its thread, or the top level)."""
+        return [
+            m
+            for (ch, _), m in self.messages.items()
+            if ch == channel
+            and (m.get("thread_ts") == thread_ts if thread_ts else not m.get("thread_ts"))
+        ]
+
+    @staticmethod
+    def _read_back(messages: list[Params], params: Params) -> list[Params]:
+        """Messages after ``oldest`` (exclusive, as Slack), metadata only when asked for."""
+        oldest = float(params.get("oldest") or 0)
+        metadata = str(params.get("include_all_metadata", "")).lower() in ("1", "true")
+        return [
+            m if metadata else {k: v for k, v in m.items() if k != "metadata"}
+            for m in messages
+            if float(m["ts"]) > oldest
+        ]
+
     async def _replies(self, params: Params) -> Params:
         self._require(params, "channel", "ts")
-        thread = self.threads.get((str(params["channel"]), str(params["ts"])))
-        if not thread:
+        channel, root = str(params["channel"]), str(params["ts"])
+        seeded = self.threads.get((channel, root)) or []
+        known = {m["ts"] for m in seeded}
+        posted = [m for m in self._posted_in(channel, root) if m["ts"] not in known]
+        if not seeded and not posted:
             raise SlackError("thread_not_found")
+        thread = sorted([*seeded, *posted], key=lambda m: float(m["ts"]))
+        # The parent always comes first, whatever `oldest` says (as Slack answers).
+        thread = thread[:1] + self._read_back(thread[1:], params)
         start = int(params.get("cursor") or 0)
         limit = int(params.get("limit") or 100)
         page = thread[start : start + limit]
         more = start + limit < len(thread)
         meta = {"next_cursor": str(start + limit) if more else ""}
         return {"messages": page, "has_more": more, "response_metadata": meta}
+
+    async def _history(self, params: Params) -> Params:
+        self._require(params, "channel")
+        channel = str(params["channel"])
+        found = self._read_back(self._posted_in(channel, None), params)
+        newest_first = sorted(found, key=lambda m: float(m["ts"]), reverse=True)
+        limit = int(params.get("limit") or 100)
+        return {"messages": newest_first[:limit], "has_more": len(newest_first) > limit}
 
     async def _upload_url(self, params: Params) -> Params:
         self._require(params, "filename", "length")
@@ -446,9 +483,13 @@ class FakeSlack:
     def _message(self, params: Params, ts: str) -> Params:
         msg: Params = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id}
         msg.update(
-            {k: params[k] for k in ("text", "blocks", "attachments", "thread_ts") if k in params}
+            {
+                k: params[k]
+                for k in ("text", "blocks", "attachments", "thread_ts", "metadata")
+                if k in params
+            }
         )
-        for key in ("blocks", "attachments"):
+        for key in ("blocks", "attachments", "metadata"):
             if isinstance(msg.get(key), str):
                 msg[key] = json.loads(msg[key])
         return {**msg, "ts": ts, "team": self.team_id}
