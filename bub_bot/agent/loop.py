@@ -132,11 +132,12 @@ class Agent:
         the parent turn, recorded in its `loop.start` and `run` events (whom its model use
         is charged to).
 
-        Fewer trips to the store: without `new_messages` the `loop.start` record waits for
-        the first step's write (or whatever the turn writes first); `context` is the tape
-        after its last anchor as the caller just read it (used for the first step instead
-        of reading it again); `append_final(entries, usage)` writes the turn's last entries
-        (the answer or notice) in place of a plain append, so the caller can add its own
+        Fewer trips to the store: without `new_messages` (and without `progress`: a streamed
+        turn writes its start at once) the `loop.start` record waits for the first step's
+        write (or whatever the turn writes first); `context` is the tape after its last
+        anchor as the caller just read it (used for the first step instead of reading it
+        again); `append_final(entries, usage)` writes the turn's last entries (the answer or
+        notice) in place of a plain append, so the caller can add its own
         records to that transaction.
         """
         workspace = workspace or self.settings.workspace
@@ -153,7 +154,9 @@ class Agent:
         # Not written yet (no messages to put on the tape before the first model call): it
         # goes first in the turn's first write, with the bootstrap anchor if the tape has none.
         opening: list[TapeEntry] = []
-        if new_messages:
+        if new_messages or progress is not None:
+            # A streamed turn's start is the mark that partial text may show: it must be on
+            # the tape before the first partial (runtime/streaming.py, `await_partial`).
             # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
             written = await tape.append_many(first, bootstrap=True)
             if turn_start is None:
