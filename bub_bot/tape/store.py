@@ -556,6 +556,17 @@ def run_views(
     return results
 
 
+async def run_views_async(
+    tape: str, views: Sequence[View], select: Callable[[QuerySpec], Awaitable[list[TapeEntry]]]
+) -> list[list[TapeEntry]]:
+    """`query_many` for a store that reads asynchronously on one connection: `select` each."""
+    results: list[list[TapeEntry]] = []
+    for view in views:
+        filters = view(results) if callable(view) else view
+        results.append([] if filters is None else await select(QuerySpec.build(tape, **filters)))
+    return results
+
+
 def firing_append(job: Job, firing: Firing) -> Append | None:
     """The append a firing writes on its job's tape (None: it writes nothing, or its entry
     cannot be stored: the job moves on without it rather than block every later one)."""

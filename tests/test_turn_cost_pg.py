@@ -1,0 +1,111 @@
+"""What a plain turn costs PostgreSQL: store transactions (pool acquires) per plain turn,
+counted, never timed; one process, and with the leases several replicas share."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from bub_bot.runtime import Runtime
+from bub_bot.tape import TapeEntry, open_store
+from bub_bot.tape.postgres import PostgresTapeStore
+from tests.runtime_channel import RuntimeChannel, idle
+from tests.test_turn_cost import PLAIN_TURN_TRANSACTIONS
+
+SHARED_TURN_TRANSACTIONS = 9
+"""With shared leases, on top of the four: the lease taken (1), what is pending re-read after
+the answer (another replica may have stored a message mid-turn) (1), the queue read once more
+before the lease is given back (1), the release (1) and the queue read after it (a message
+another replica stored while we held the lease is ours to answer) (1)."""
+
+
+@pytest.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[PostgresTapeStore]:
+    async with open_store(pg_url) as opened:
+        assert isinstance(opened, PostgresTapeStore)
+        yield opened
+
+
+@pytest.fixture
+async def pg_runtime(
+    pg_store: PostgresTapeStore, agent: Callable[..., Any]
+) -> AsyncIterator[Callable[[bool], tuple[Runtime, RuntimeChannel]]]:
+    """`pg_runtime(shared)`: a runtime on the PostgreSQL store, with this process's leases in
+    the database (`shared`, as `serve` has them there) or granted locally."""
+    made: list[Runtime] = []
+
+    def make(shared: bool) -> tuple[Runtime, RuntimeChannel]:
+        built = agent()
+        channel = RuntimeChannel()
+        leases = pg_store.leases("replica-a", built.settings.lease_seconds) if shared else None
+        runtime = Runtime(built.settings, pg_store, built, {channel.name: channel}, leases)
+        channel.runtime = runtime
+        made.append(runtime)
+        return runtime, channel
+
+    yield make
+    for runtime in made:
+        await runtime.shutdown(grace=2)
+
+
+async def second_turn_cost(
+    runtime: Runtime, channel: RuntimeChannel, store: PostgresTapeStore
+) -> int:
+    """Transactions of a plain turn on a session that has had one already."""
+    await channel.say("first", chat="a")
+    await idle(runtime, "test:a")
+    before = store.transactions
+    await channel.say("second", chat="a")
+    await channel.wait_sent("a", 2)
+    await idle(runtime, "test:a")
+    assert channel.texts("a") == ["echo: first", "echo: second"]
+    return store.transactions - before
+
+
+async def test_a_plain_turn_on_postgres_costs_four_transactions(
+    pg_runtime, pg_store: PostgresTapeStore, fake_openai
+) -> None:
+    runtime, channel = pg_runtime(False)
+    assert await second_turn_cost(runtime, channel, pg_store) <= PLAIN_TURN_TRANSACTIONS
+
+
+async def test_a_plain_turn_with_shared_leases(
+    pg_runtime, pg_store: PostgresTapeStore, fake_openai
+) -> None:
+    runtime, channel = pg_runtime(True)
+    await runtime.start()
+    assert await second_turn_cost(runtime, channel, pg_store) <= SHARED_TURN_TRANSACTIONS
+
+
+async def test_query_many_reads_one_snapshot_in_one_transaction(
+    pg_store: PostgresTapeStore, pg_url: str
+) -> None:
+    """The views of `query_many` see one snapshot, in one counted transaction: an entry
+    another process commits between two views is in neither (the queue and the context a
+    worker reads agree)."""
+    tape = "snapshot-tape"
+    await pg_store.append(tape, TapeEntry.message({"role": "user", "content": "a"}))
+
+    async def write_elsewhere() -> None:
+        async with open_store(pg_url) as other:
+            await other.append(tape, TapeEntry.message({"role": "user", "content": "b"}))
+
+    def between(found: list[list[TapeEntry]]) -> dict[str, Any]:
+        # A view function cannot await: the other writer runs to its commit on a thread
+        # with its own event loop and connection while this read waits.
+        thread = threading.Thread(target=asyncio.run, args=(write_elsewhere(),))
+        thread.start()
+        thread.join(30)
+        return {"after_id": 0}
+
+    start = pg_store.transactions
+    first, second = await pg_store.query_many(tape, [{"after_id": 0}, between])
+    assert pg_store.transactions == start + 1
+    assert [e.payload["content"] for e in first] == ["a"]
+    assert second == first
+    later = await pg_store.query(tape, after_id=0)
+    assert [e.payload["content"] for e in later] == ["a", "b"]
