@@ -37,24 +37,13 @@ from .names import archive_name
 from .postgres_leases import PostgresLeases
 from .postgres_usage import PostgresUsage
 from .query import POSTGRES, QuerySpec
+from .rows import Append, Copies, Reset, new_tag, row_entry
 from .schema import migrate_postgres
 from .statements import Statements
-from .store import (
-    Append,
-    Copies,
-    DedupeRecord,
-    Opening,
-    Reset,
-    StoreBase,
-    TapeStats,
-    TapeStoreError,
-    TapeSummary,
-    View,
-    new_tag,
-    row_entry,
-    run_views_async,
-)
+from .store import DedupeRecord, Opening, TapeStats, TapeStoreError, TapeSummary
+from .store_base import StoreBase
 from .urls import parse_database_url
+from .views import View, run_views_async
 
 T = TypeVar("T")
 
