@@ -13,14 +13,15 @@ import pytest
 from bub_bot.runtime import Runtime
 from bub_bot.tape import TapeEntry, open_store
 from bub_bot.tape.postgres import PostgresTapeStore
-from tests.runtime_channel import RuntimeChannel, idle
+from tests.fakes.openai_server import slow, text
+from tests.runtime_channel import RuntimeChannel, idle, until
 from tests.test_turn_cost import PLAIN_TURN_TRANSACTIONS
 
-SHARED_TURN_TRANSACTIONS = 9
+SHARED_TURN_TRANSACTIONS = 8
 """With shared leases, on top of the four: the lease taken (1), what is pending re-read after
-the answer (another replica may have stored a message mid-turn) (1), the queue read once more
-before the lease is given back (1), the release (1) and the queue read after it (a message
-another replica stored while we held the lease is ours to answer) (1)."""
+the answer (another replica may have stored a message mid-turn) (1), the release (1) and the
+queue read after it (a message another replica stored while we held the lease is ours to
+answer) (1)."""
 
 
 @pytest.fixture
@@ -109,3 +110,37 @@ async def test_query_many_reads_one_snapshot_in_one_transaction(
     assert second == first
     later = await pg_store.query(tape, after_id=0)
     assert [e.payload["content"] for e in later] == ["a", "b"]
+
+
+async def test_a_message_another_replica_stores_mid_turn_is_still_answered(
+    pg_runtime, pg_url: str, agent: Callable[..., Any], fake_openai
+) -> None:
+    """The holder reads no queue between its turn and the release: the read after the
+    release finds what another replica stored meanwhile (its claim failed) and answers it."""
+    runtime, channel = pg_runtime(True)
+    await runtime.start()
+    async with open_store(pg_url) as other_store:
+        built = agent()
+        other_channel = RuntimeChannel()
+        other = Runtime(
+            built.settings,
+            other_store,
+            built,
+            {other_channel.name: other_channel},
+            other_store.leases("replica-b", built.settings.lease_seconds),
+        )
+        other_channel.runtime = other
+        await other.start()
+        try:
+            fake_openai.script(slow(text("answer one"), 0.5))
+            await channel.say("one", chat="m")
+            await until(lambda: len(fake_openai.completion_requests()) >= 1)
+            # Replica B stores the next message while A's model is working: B's claim of the
+            # lease fails, A holds it.
+            await other_channel.say("two", chat="m", key="from-b")
+            await channel.wait_sent("m", 2)
+            await idle(runtime, "test:m")
+            assert channel.texts("m") == ["answer one", "echo: two"]
+            assert other_channel.texts("m") == []
+        finally:
+            await other.shutdown(grace=2)
