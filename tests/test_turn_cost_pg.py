@@ -11,17 +11,25 @@ from typing import Any
 import pytest
 
 from bub_bot.runtime import Runtime
-from bub_bot.tape import TapeEntry, open_store
+from bub_bot.tape import Tape, TapeEntry, open_store
 from bub_bot.tape.postgres import PostgresTapeStore
-from tests.fakes.openai_server import slow, text
-from tests.runtime_channel import RuntimeChannel, idle, until
+from tests.fakes.openai_server import slow, text, tool_calls
+from tests.runtime_channel import (
+    RuntimeChannel,
+    events,
+    final_replies,
+    idle,
+    inbound_users,
+    tape_of,
+    until,
+)
 from tests.test_turn_cost import PLAIN_TURN_TRANSACTIONS
 
-SHARED_TURN_TRANSACTIONS = 8
-"""With shared leases, on top of the four: the lease taken (1), what is pending re-read after
-the answer (another replica may have stored a message mid-turn) (1), the release (1) and the
-queue read after it (a message another replica stored while we held the lease is ours to
-answer) (1)."""
+SHARED_TURN_TRANSACTIONS = 7
+"""With shared leases, on top of the four: the lease taken (1), the release (1) and the queue
+read after it (a message another replica stored while we held the lease is ours to answer)
+(1). What is pending is re-read after the answer only when the model saw newer entries than
+the queue held (another replica stored a message mid-turn)."""
 
 
 @pytest.fixture
@@ -144,3 +152,51 @@ async def test_a_message_another_replica_stores_mid_turn_is_still_answered(
             assert other_channel.texts("m") == []
         finally:
             await other.shutdown(grace=2)
+
+
+async def test_a_message_the_model_saw_mid_turn_is_answered_once(
+    pg_runtime, pg_url: str, agent: Callable[..., Any], fake_openai
+) -> None:
+    """A message another replica stores during a turn's first step reaches the model in the
+    next step: the holder re-reads what is pending (the model saw newer than its queue), so
+    that one answer covers it and no second turn answers it again."""
+    runtime, channel = pg_runtime(True)
+    await runtime.start()
+    async with open_store(pg_url) as other_store:
+        built = agent()
+        other_channel = RuntimeChannel()
+        other = Runtime(
+            built.settings,
+            other_store,
+            built,
+            {other_channel.name: other_channel},
+            other_store.leases("replica-b", built.settings.lease_seconds),
+        )
+        other_channel.runtime = other
+        await other.start()
+        try:
+            fake_openai.script(slow(tool_calls([("tape_info", {})]), 0.5), text("noted both"))
+            await channel.say("one", chat="s")
+            await until(lambda: len(fake_openai.completion_requests()) >= 1)
+            await other_channel.say("two", chat="s", key="from-b")
+            await channel.wait_sent("s", 1)
+            tape = tape_of(runtime, "test:s")
+            (two,) = [e for e in await inbound_users(tape) if e.payload["content"] == "two"]
+            async with asyncio.timeout(10):
+                # Until "two" is marked answered (by this answer, or a second turn's).
+                while not await answered(tape, two):  # noqa: ASYNC110 (polls the tape)
+                    await asyncio.sleep(0.01)
+            await idle(runtime, "test:s")
+            assert channel.texts("s") == ["noted both"]
+            assert len(await final_replies(tape)) == 1
+            second = fake_openai.completion_requests()[1].body["messages"]
+            assert [m["content"] for m in second if m["role"] == "user"][-1] == "two"
+            assert len(fake_openai.completion_requests()) == 2
+        finally:
+            await other.shutdown(grace=2)
+
+
+async def answered(tape: Tape, entry: TapeEntry) -> bool:
+    """Whether an `inbound.done` marker covers `entry`."""
+    marks = await events(tape, "inbound.done")
+    return any(int(m.payload["data"]["through"]) >= (entry.id or 0) for m in marks)
