@@ -12,6 +12,7 @@ import pytest
 
 from bub_bot.runtime import Runtime
 from bub_bot.tape import Tape, TapeEntry, open_store
+from bub_bot.tape.leases import LeaseKey, LocalLeases
 from bub_bot.tape.postgres import PostgresTapeStore
 from tests.fakes.openai_server import slow, text, tool_calls
 from tests.runtime_channel import (
@@ -25,11 +26,11 @@ from tests.runtime_channel import (
 )
 from tests.test_turn_cost import PLAIN_TURN_TRANSACTIONS
 
-SHARED_TURN_TRANSACTIONS = 7
-"""With shared leases, on top of the four: the lease taken (1), the release (1) and the queue
-read after it (a message another replica stored while we held the lease is ours to answer)
-(1). What is pending is re-read after the answer only when the model saw newer entries than
-the queue held (another replica stored a message mid-turn)."""
+SHARED_TURN_TRANSACTIONS = 6
+"""With shared leases, on top of the four: the lease taken (1), and its release in the
+statement that reads the queue once more (a message another replica stored while we held
+the lease is ours to answer) (1). What is pending is re-read after the answer only when the
+model saw newer entries than the queue held (another replica stored a message mid-turn)."""
 
 
 @pytest.fixture
@@ -200,3 +201,27 @@ async def answered(tape: Tape, entry: TapeEntry) -> bool:
     """Whether an `inbound.done` marker covers `entry`."""
     marks = await events(tape, "inbound.done")
     return any(int(m.payload["data"]["through"]) >= (entry.id or 0) for m in marks)
+
+
+async def test_release_reading_lets_go_and_reads_in_one_statement(
+    pg_store: PostgresTapeStore, pg_url: str
+) -> None:
+    """The holder's release reads what another replica stored meanwhile, in one counted
+    round of work; the other replica then takes the lease."""
+    key = LeaseKey("release-tape", "test:r")
+    mine = pg_store.leases("replica-a", 30)
+    async with open_store(pg_url) as other_store:
+        theirs = other_store.leases("replica-b", 30)
+        assert await mine.acquire(key)
+        first = await pg_store.append(key.tape, TapeEntry.message({"role": "user", "content": "a"}))
+        await other_store.append(key.tape, TapeEntry.message({"role": "user", "content": "b"}))
+        assert not await theirs.acquire(key)  # A holds it: B relies on A's look after release
+        start = pg_store.transactions
+        found = await mine.release_reading(key, first.id or 0)
+        assert pg_store.transactions == start + 1
+        assert [e.payload["content"] for e in found or []] == ["b"]
+        assert await theirs.acquire(key)
+        # Only our own lease is released: B's stays.
+        assert await mine.release_reading(key, 0) is not None
+        assert not await mine.acquire(key)
+    assert await LocalLeases().release_reading(key, 0) is None
