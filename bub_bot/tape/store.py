@@ -167,8 +167,9 @@ class TapeStore(Protocol):
         """Entries of `tape` matching every filter given (see `QuerySpec`)."""
 
     async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
-        """Several queries of `tape` as one round of work (one trip to SQLite's thread, one
-        consistent read), in order: a view that is a function sees the results before it."""
+        """Several queries of `tape` as one round of work and one consistent read (one trip
+        to SQLite's thread; one read-only REPEATABLE READ transaction on one PostgreSQL
+        connection), in order: a view that is a function sees the results before it."""
 
     async def read_context(self, tape: str) -> list[TapeEntry]:
         """The default view: entries strictly after the last anchor."""
