@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
-import re
 import secrets
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,17 +17,12 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from .approvals.approvers import Approvers
-from .approvals.policy import ApprovalPolicy
+from .config_checks import check_settings
+from .config_values import check_networks, csv_list, parse_rate, uid_range, workspace_uid
 from .errors import ConfigError
-from .limits import check_priced, limits_from
-from .mcp_config import load_mcp_config
-from .netguard import Allowance
 from .schedules.times import zone_named
-from .tape.context import load_selector
 from .tape.urls import parse_database_url
 from .toolgroups import TOOL_GROUPS, check_groups
-from .workspaces import load_workspace_map
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 MODEL_MISSING = (
@@ -40,46 +32,9 @@ MODEL_MISSING = (
     " bub-bot serve."
 )
 """What the web chat says (page and answer) while `serve` runs without a model."""
-_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 CsvList = Annotated[list[str], NoDecode]
-
-
-_RATE_RE = re.compile(
-    r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes)\s*$",
-    re.IGNORECASE,
-)
-_RATE_OFF = ("off", "none", "0", "")
-
-
-def parse_rate(value: str) -> tuple[int, float] | None:
-    """A send limit `"<count>/<window>"` as (count, seconds); None for `off`.
-
-    `30/s`, `1/s`, `20/min`, `20/60s` and `1/0.1s` are all valid. Raises ValueError."""
-    text = value.strip().lower()
-    if text in _RATE_OFF:
-        return None
-    match = _RATE_RE.match(text)
-    if not match:
-        raise ValueError(
-            f"{value!r} is not a rate: write <count>/<window> like 30/s, 20/min, 1/0.5s, or off"
-        )
-    count, number, unit = int(match.group(1)), match.group(2), match.group(3)
-    seconds = float(number) if number else 1.0
-    if unit.startswith("m"):
-        seconds *= 60
-    if count < 1 or seconds <= 0:
-        raise ValueError(f"{value!r}: the count and the window must be above zero")
-    return count, seconds
-
-
-def _csv(value: object) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, list | tuple | set):
-        return [str(v).strip() for v in value if str(v).strip()]
-    return [part.strip() for part in str(value).split(",") if part.strip()]
 
 
 class Settings(BaseSettings):
@@ -163,7 +118,7 @@ class Settings(BaseSettings):
     """The uid commands run as when the bot runs as root."""
     shell_max_jobs: int = Field(default=4, ge=0, le=100)
     """Background jobs running at once per conversation."""
-    # a uid per workspace for the sandbox (see workspace_uid below)
+    # a uid per workspace for the sandbox (`workspace_uid`, bub_bot/config_values.py)
     shell_uids: str = ""
     """"LO-HI": as root, each workspace's commands run as their own uid of this range (empty:
     all share BUB_SHELL_UID)."""
@@ -366,17 +321,12 @@ class Settings(BaseSettings):
     )
     @classmethod
     def _split_lists(cls, value: object) -> list[str]:
-        return _csv(value)
+        return csv_list(value)
 
     @field_validator("trusted_proxies")
     @classmethod
     def _check_proxies(cls, value: list[str]) -> list[str]:
-        for item in value:
-            try:
-                ipaddress.ip_network(item.strip(), strict=False)
-            except ValueError:
-                raise ValueError(f"not an IP address or CIDR: {item!r}") from None
-        return value
+        return check_networks(value)
 
     # -- derived ------------------------------------------------------------------------------
     @property
@@ -438,116 +388,8 @@ class Settings(BaseSettings):
 
         `web_may_lack_model`: `serve` with the web chat as its only channel starts without a
         model (the page tells a newcomer what to set)."""
-        if self.context_selector:
-            try:
-                load_selector(self.context_selector)
-            except ValueError as exc:
-                raise ConfigError(f"BUB_CONTEXT_SELECTOR: {exc}") from None
-        try:
-            parse_database_url(self.database)
-        except ValueError as exc:
-            raise ConfigError(f"{self.database_setting}: {exc}") from None
-        if (
-            require_model
-            and not self.model_configured
-            and not (web_may_lack_model and self.web_only)
-        ):
-            raise ConfigError(
-                "OPENAI_API_KEY is not set: set it (or OPENAI_BASE_URL for a local"
-                " OpenAI-compatible server that needs no key)"
-            )
-        if self.web_token is not None and len(self.web_token) < 8:
-            raise ConfigError(
-                "BUB_WEB_TOKEN must be at least 8 characters (or unset: a random one)"
-            )
-        if self.telegram_webhook_url:
-            if not self.telegram_token:
-                raise ConfigError("BUB_TELEGRAM_WEBHOOK_URL is set but BUB_TELEGRAM_TOKEN is not")
-            secret = self.telegram_webhook_secret or ""
-            if not _SECRET_RE.fullmatch(secret):
-                raise ConfigError(
-                    "BUB_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Za-z0-9_- in"
-                    " webhook mode"
-                )
-        if self.telegram_token and ":" not in self.telegram_token:
-            raise ConfigError("BUB_TELEGRAM_TOKEN does not look like a bot token (<id>:<secret>)")
-        if self.slack_bot_token:
-            if not self.slack_bot_token.startswith("xoxb-"):
-                raise ConfigError("BUB_SLACK_BOT_TOKEN must be a bot token starting with xoxb-")
-            if self.slack_app_token and not self.slack_app_token.startswith("xapp-"):
-                raise ConfigError("BUB_SLACK_APP_TOKEN must be an app token starting with xapp-")
-            if not self.slack_app_token and not self.slack_signing_secret:
-                raise ConfigError(
-                    "BUB_SLACK_APP_TOKEN (Socket Mode) or BUB_SLACK_SIGNING_SECRET (HTTP events)"
-                    " must be set with BUB_SLACK_BOT_TOKEN"
-                )
-        elif self.slack_app_token or self.slack_signing_secret:
-            raise ConfigError("BUB_SLACK_BOT_TOKEN must be set to enable Slack")
-        if self.schedule_drop_seconds and self.schedule_drop_seconds < self.schedule_grace_seconds:
-            raise ConfigError(
-                "BUB_SCHEDULE_DROP_SECONDS must be 0 (never drop) or at least"
-                " BUB_SCHEDULE_GRACE_SECONDS"
-            )
-        if self.mcp_config is not None:
-            load_mcp_config(self.mcp_config)  # ConfigError: the file and the problem
-        ApprovalPolicy.parse(self.approve)  # ConfigError naming BUB_APPROVE
-        Approvers.parse(self.approvers)
-        if self.fetch_allow:
-            try:
-                Allowance.parse(self.fetch_allow)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        if self.skills_dir is not None and not self.skills_dir.expanduser().is_dir():
-            raise ConfigError(f"BUB_SKILLS_DIR: {str(self.skills_dir)!r} is not a directory")
-        rules = []
-        if self.workspace_map is not None:
-            # ConfigError: the rule
-            rules = load_workspace_map(self.workspace_map, self.workspace).rules
-        try:
-            limits = limits_from(self)  # the limits: one line naming one
-            check_priced(limits, self.model)
-            for rule in rules:
-                if rule.limits is not None:
-                    check_priced(limits.with_rule(rule.limits), self.model)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_settings(self, require_model=require_model, web_may_lack_model=web_may_lack_model)
         return self
-
-
-# A uid per workspace for the sandbox (BUB_SHELL_UIDS): which uid a workspace's commands run
-# as when the bot runs as root. By default every workspace shares BUB_SHELL_UID. Under Landlock (no user namespace) that
-# uid is real: a command of one conversation owns, by uid, every other workspace handed over to
-# it, so it can chmod and touch their files where it can reach them by path (Landlock does not
-# cover metadata changes), and RLIMIT_NPROC counts the processes of all of them together (one
-# conversation's fork bomb starves the others' commands). BUB_SHELL_UIDS="LO-HI" gives each
-# workspace its own uid in that range instead (a hash of its path: two workspaces may share one
-# when the range is small — choose it much larger than the number of workspaces). bubblewrap
-# still shows the command BUB_SHELL_UID inside its user namespace.
-UID_MIN, UID_MAX = 1000, 2**31 - 2
-
-
-def uid_range(value: str) -> tuple[int, int] | None:
-    """`"LO-HI"` as (LO, HI); "" as None; ValueError saying what is wrong otherwise."""
-    text = value.strip()
-    if not text:
-        return None
-    lo_text, dash, hi_text = text.partition("-")
-    if not dash or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
-        raise ValueError(f"expected LO-HI (two uids, e.g. 200000-299999), got {value!r}")
-    lo, hi = int(lo_text), int(hi_text)
-    if not UID_MIN <= lo <= hi <= UID_MAX:
-        raise ValueError(f"the range must satisfy {UID_MIN} <= LO <= HI <= {UID_MAX}")
-    return lo, hi
-
-
-def workspace_uid(workspace: Path, shared: int, uid_range: tuple[int, int] | None) -> int:
-    """The uid `workspace`'s commands run as: `shared` without a range, else one of the
-    range chosen by the workspace's resolved path (the same on every start)."""
-    if uid_range is None:
-        return shared
-    lo, hi = uid_range
-    digest = hashlib.sha256(str(workspace.resolve()).encode()).digest()
-    return lo + int.from_bytes(digest[:8], "big") % (hi - lo + 1)
 
 
 def _env_name(loc: tuple) -> str:

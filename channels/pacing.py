@@ -42,7 +42,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
 
-from bub_bot.config import parse_rate
+from bub_bot.config_values import parse_rate
 
 log = logging.getLogger("channels.pacing")
 

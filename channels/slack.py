@@ -31,8 +31,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
@@ -46,16 +44,14 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bub_bot.commands import COMMANDS, strip_mention
 from bub_bot.config import ConfigError, Settings
 
 from . import slack_events
-from .base import DENIED, HistoryMessage, Inbound, RuntimeLike, Sender
+from .base import RuntimeLike
 from .slack_approvals import SlackApprovals
-from .slack_events import ACCEPTED_SUBTYPES, Rejected
+from .slack_events import Rejected
 from .slack_files import SlackFiles
-from .slack_files import attachments as file_attachments
-from .slack_history import first_mention_history
+from .slack_inbound import SlackInbound
 from .slack_outbox import SlackOutbox
 from .slack_recall import SlackRecall, metadata
 from .slack_stream import SlackStream
@@ -64,8 +60,6 @@ log = logging.getLogger("channels.slack")
 
 DEFAULT_API_URL = "https://slack.com/api/"
 EVENTS_PATH = "/slack/events"
-NOT_ENABLED = "Sorry, this bot is not enabled for you."
-NOT_ENABLED_EVERY_SECONDS = 3600.0
 SOCKET_CONNECT_TIMEOUT = 30.0
 BAD_TOKEN_ERRORS = (
     "invalid_auth",
@@ -75,7 +69,6 @@ BAD_TOKEN_ERRORS = (
     "token_expired",
     "not_allowed_token_type",
 )
-_MARKUP_RE = re.compile(r"<([^<>]+)>")
 
 
 class SlackChannel:
@@ -116,14 +109,10 @@ class SlackChannel:
         self.app.command(re.compile(r"^/"))(self._on_command)
         self.app.event(re.compile(r".*"))(self._on_other_event)
         self.runtime: RuntimeLike | None = None
-        self.team_id = ""
-        self.bot_user_id = ""
-        self.bot_id = ""
-        self.bot_label = "bot"
         self._socket: Any = None
-        self._notified: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
         self.outbox = SlackOutbox(settings, self.client)
+        self.messages = SlackInbound(self.name, settings, self.client, self.send)
+        """Events -> `Inbound`: what is for us, who may talk (channels/slack_inbound.py)."""
         self.recalls = SlackRecall(self.client)
         """Finds a piece posted before its delivery was recorded (`channels.base.Recalls`)."""
         self.approvals = SlackApprovals(self.outbox, lambda: self.team_id)
@@ -145,10 +134,11 @@ class SlackChannel:
             raise ConfigError(
                 f"cannot reach the Slack Web API at {self.api_url} (BUB_SLACK_API_URL): {exc}"
             ) from None
-        self.team_id = self.outbox.team_id = str(auth.get("team_id") or "")
-        self.bot_user_id = str(auth.get("user_id") or "")
-        self.bot_id = str(auth.get("bot_id") or "")
-        self.bot_label = str(auth.get("user") or "bot")
+        me = self.messages
+        me.team_id = self.outbox.team_id = str(auth.get("team_id") or "")
+        me.bot_user_id = str(auth.get("user_id") or "")
+        me.bot_id = str(auth.get("bot_id") or "")
+        me.bot_label = str(auth.get("user") or "bot")
         self.runtime = runtime
         if self.mode == "socket":
             await self._connect_socket()
@@ -193,8 +183,8 @@ class SlackChannel:
         if self._socket is not None:
             handler, self._socket = self._socket, None
             await _quietly(handler.close_async())
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
+        if self.messages.tasks:
+            await asyncio.wait(list(self.messages.tasks), timeout=5)
 
     def routes(self) -> list[tuple[str, str, Callable[..., Awaitable[Any]]]]:
         if self.mode != "http":
@@ -267,7 +257,28 @@ class SlackChannel:
 
     @property
     def mention(self) -> str:
-        return f"<@{self.bot_user_id}>"
+        """How Slack writes a mention of us (`<@U123>`)."""
+        return self.messages.mention
+
+    @property
+    def team_id(self) -> str:
+        """Our workspace's id (known once started)."""
+        return self.messages.team_id
+
+    @property
+    def bot_user_id(self) -> str:
+        """The bot user's id (known once started)."""
+        return self.messages.bot_user_id
+
+    @property
+    def bot_id(self) -> str:
+        """The bot's id (known once started)."""
+        return self.messages.bot_id
+
+    @property
+    def bot_label(self) -> str:
+        """The bot user's name, for the text the model reads (known once started)."""
+        return self.messages.bot_label
 
     # -- inbound ---------------------------------------------------------------------------
     async def _on_other_event(self, body: dict[str, Any]) -> None:
@@ -275,179 +286,17 @@ class SlackChannel:
         log.debug("slack.event.ignored type=%s", (body.get("event") or {}).get("type"))
 
     async def _on_message_event(self, body: dict[str, Any]) -> None:
-        runtime = self._require_runtime()
-        inbound = await self._inbound(body, runtime)
-        if inbound is None or inbound == DENIED:
-            runtime.note_inbound(self.name, "ignored" if inbound is None else DENIED)
-            return
-        await runtime.receive(inbound)
+        # bolt passes listener arguments by name: `body`.
+        await self.messages.message_event(body, self._require_runtime())
 
     def _require_runtime(self) -> RuntimeLike:
         if self.runtime is None:
             raise RuntimeError("the Slack channel is not started")
         return self.runtime
 
-    async def _inbound(self, body: dict[str, Any], runtime: RuntimeLike) -> Inbound | str | None:
-        """The Inbound for a message event, or None when it is not for us."""
-        event = body.get("event") or {}
-        kind = event.get("type")
-        subtype = event.get("subtype")
-        if subtype not in ACCEPTED_SUBTYPES or event.get("hidden"):
-            return None
-        user = event.get("user") or ""
-        bot_id = event.get("bot_id") or ""
-        if (user and user == self.bot_user_id) or (bot_id and bot_id == self.bot_id):
-            return None
-        if (bot_id or subtype == "bot_message") and not self.settings.slack_allow_bots:
-            return None
-        user = user or bot_id
-        channel = event.get("channel") or ""
-        ts = event.get("ts") or ""
-        if not user or not channel or not ts:
-            return None
-        team = body.get("team_id") or event.get("team") or self.team_id
-        channel_type = event.get("channel_type") or ("im" if channel.startswith("D") else "")
-        is_dm = channel_type == "im"
-        raw = event.get("text") or ""
-        thread_ts = event.get("thread_ts") or None
-        mentioned = kind == "app_mention" or self.mention in _normalise_mentions(raw)
-        if is_dm:
-            session = f"slack:{team}:{channel}" + (f":{thread_ts}" if thread_ts else "")
-            reply_thread = thread_ts
-        elif mentioned:
-            reply_thread = thread_ts or ts
-            session = f"slack:{team}:{channel}:{reply_thread}"
-        elif thread_ts and not self.settings.slack_require_mention:
-            session = f"slack:{team}:{channel}:{thread_ts}"
-            reply_thread = thread_ts
-            if not self._allowed(user, channel):
-                return DENIED
-            if not await runtime.session_known(session):
-                return None
-        else:
-            return None
-        if not self._allowed(user, channel):
-            log.info("slack.not_allowed user=%s channel=%s", user, channel)
-            if is_dm:
-                self._notify_not_enabled(channel, thread_ts)
-            return DENIED
-        profile = event.get("user_profile") or {}
-        name = profile.get("display_name") or profile.get("real_name") or event.get("username")
-        history: list[HistoryMessage] = []
-        if mentioned and not is_dm and thread_ts and thread_ts != ts:
-            ids = (self.bot_user_id, self.bot_id)
-            cap = self.settings.slack_thread_history
-            history = await first_mention_history(
-                self.client, runtime, session, channel, thread_ts, ts, cap, ids
-            )
-        return Inbound(
-            channel=self.name,
-            session_id=session,
-            delivery_key=str(body.get("event_id") or f"{channel}:{ts}"),
-            message_id=ts,
-            sent_at=float(ts),
-            sender=Sender(id=user, name=name or user, is_bot=bool(bot_id)),
-            text=self._clean_text(raw),
-            reply_target={
-                "team": team,
-                "channel": channel,
-                "thread_ts": reply_thread,
-                "ts": ts,
-                "user": user,
-            },
-            extra_keys=(f"{channel}:{ts}",),
-            attachments=tuple(file_attachments(event.get("files") or [])),
-            history=tuple(history),
-            bot_names=(self.mention,),
-            meta={
-                "team": team,
-                "channel": channel,
-                "channel_type": channel_type or "channel",
-                "ts": ts,
-                "thread_ts": thread_ts,
-                "event": kind,
-            },
-        )
-
-    def _allowed(self, user: str, channel: str) -> bool:
-        users = self.settings.slack_allow_users
-        channels = self.settings.slack_allow_channels
-        return (not users or user in users) and (not channels or channel in channels)
-
-    def _clean_text(self, raw: str) -> str:
-        """Slack markup -> plain text for the model: our leading mention dropped, links as
-        `label (url)`, channel and special mentions readable, entities unescaped."""
-        text = strip_mention(_normalise_mentions(raw), (self.mention,))
-        text = text.replace(self.mention, f"@{self.bot_label}")
-        text = _MARKUP_RE.sub(_plain_markup, text)
-        return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-
-    def _notify_not_enabled(self, channel: str, thread_ts: str | None) -> None:
-        now = time.monotonic()
-        last = self._notified.get(channel)
-        if last is not None and now - last < NOT_ENABLED_EVERY_SECONDS:
-            return
-        if len(self._notified) > 10_000:
-            self._notified = {
-                k: t for k, t in self._notified.items() if now - t < NOT_ENABLED_EVERY_SECONDS
-            }
-        self._notified[channel] = now
-        target = {"channel": channel, "thread_ts": thread_ts}
-        self._background(self._post_quietly(target, NOT_ENABLED))
-
-    async def _post_quietly(self, target: dict[str, Any], text: str) -> None:
-        try:
-            await self.send(target, text)
-        except Exception as exc:
-            log.warning("slack.notice_failed channel=%s: %s", target.get("channel"), exc)
-
-    def _background(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
-        runtime = self._require_runtime()
-        typed = str(command.get("command") or "")
-        prefix = self.settings.slack_command_prefix
-        name = typed.lstrip("/")
-        if not name.startswith(prefix) or name[len(prefix) :].lower() not in COMMANDS:
-            log.warning("slack.command.unknown command=%s prefix=%r", typed, prefix)
-            known = ", ".join(f"/{prefix}{c}" for c in COMMANDS)
-            await ack(
-                text=f"{typed} is not a command of this bot (BUB_SLACK_COMMAND_PREFIX is"
-                f" {prefix!r}; commands: {known})"
-            )
-            return
-        name = name[len(prefix) :].lower()
-        user = str(command.get("user_id") or "")
-        channel = str(command.get("channel_id") or "")
-        team = str(command.get("team_id") or self.team_id)
-        if not self._allowed(user, channel):
-            log.info("slack.not_allowed user=%s channel=%s command=/%s", user, channel, name)
-            await ack(text=NOT_ENABLED)
-            return
-        trigger = str(command.get("trigger_id") or uuid.uuid4().hex)
-        args = str(command.get("text") or "").strip()
-        inbound = Inbound(
-            channel=self.name,
-            session_id=f"slack:{team}:{channel}",
-            delivery_key=f"command:{trigger}",
-            message_id=trigger,
-            sender=Sender(id=user, name=str(command.get("user_name") or user)),
-            text=f"/{name} {args}".strip(),
-            reply_target={
-                "team": team,
-                "channel": channel,
-                "user": user,
-                "ephemeral": True,
-                "response_url": command.get("response_url"),
-            },
-            bot_names=(self.mention,),
-            meta={"team": team, "channel": channel, "slash_command": typed},
-        )
-        await runtime.receive(inbound)
-        await ack()
+        # bolt passes listener arguments by name: `ack`, `command`.
+        await self.messages.command(ack, command, self._require_runtime())
 
     # -- outbound (channels/slack_outbox.py) ------------------------------------------------
     async def send_file(
@@ -494,26 +343,6 @@ class SlackChannel:
     ) -> None:
         """The request was decided: its buttons give way to who decided what."""
         await self.approvals.settle(target, ids, request, text)
-
-
-def _normalise_mentions(text: str) -> str:
-    """`<@U123|name>` (older clients) -> `<@U123>`."""
-    return re.sub(r"<@([A-Z0-9]+)\|[^>]*>", r"<@\1>", text)
-
-
-def _plain_markup(match: re.Match[str]) -> str:
-    inner = match.group(1)
-    target, _, label = inner.partition("|")
-    if target.startswith("@"):
-        return match.group(0)  # a user mention stays as Slack wrote it
-    if target.startswith("#"):
-        return f"#{label or target[1:]}"
-    if target.startswith("!"):
-        special = target[1:].split("^")[0]
-        return label or (f"@{special}" if special in ("here", "channel", "everyone") else "")
-    if label and label != target:
-        return f"{label} ({target})"
-    return target.removeprefix("mailto:") if target.startswith("mailto:") else target
 
 
 async def _quietly(awaitable: Awaitable[Any]) -> None:

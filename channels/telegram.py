@@ -26,7 +26,6 @@ import contextlib
 import hmac
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -40,25 +39,19 @@ from aiogram.exceptions import (
     TelegramBadRequest,
     TelegramUnauthorizedError,
 )
-from aiogram.types import BotCommand, Message, Update
+from aiogram.types import BotCommand, Update
 from aiohttp import web
 
 from bub_bot import commands
 from bub_bot.config import ConfigError, Settings
 
-from .base import (
-    DENIED,
-    Attachment,
-    DeliveryError,
-    Inbound,
-    RuntimeLike,
-    Sender,
-)
+from .base import DeliveryError, RuntimeLike
 from .telegram_approvals import TelegramApprovals
-from .telegram_content import BOT_DOWNLOAD_LIMIT, MessageReader, attachments, has_content
+from .telegram_content import MessageReader
 from .telegram_early import FirstPoll
 from .telegram_files import TelegramFiles
-from .telegram_outbox import GENERAL_TOPIC, TelegramOutbox
+from .telegram_inbound import TelegramInbound
+from .telegram_outbox import TelegramOutbox
 from .telegram_polling import ALLOWED_UPDATES, Poller
 from .telegram_stream import Drafts, TelegramStream
 from .telegram_updates import Malformed, parse_body, read_update
@@ -67,12 +60,6 @@ log = logging.getLogger("channels.telegram")
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
-HINT_INTERVAL = 3600.0
-HINT_TIMEOUT = 10.0
-NOT_ALLOWED = (
-    "Sorry, I only talk to people I have been told about. Your Telegram user id is {id}."
-    " Ask whoever runs this bot to add it to BUB_TELEGRAM_ALLOW_USERS."
-)
 
 
 class TelegramChannel:
@@ -101,8 +88,6 @@ class TelegramChannel:
             raise ConfigError(
                 "BUB_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Za-z0-9_- in webhook mode"
             )
-        self.username = ""
-        self.bot_id = 0
         self.first_poll = first_poll
         """The first long poll, sent by `serve` before this module loaded (telegram_early)."""
         self._token = settings.telegram_token
@@ -115,16 +100,8 @@ class TelegramChannel:
         self._closing: asyncio.Future[None] | None = None
         self._migrated: dict[int, int] = {}
         self.reader = MessageReader(settings.telegram_max_image_bytes, self._api, self._scrub)
-        self._download_limit: int | None = BOT_DOWNLOAD_LIMIT
         self._background: set[asyncio.Task[None]] = set()
         """Moves learned while sending (kept referenced until they finish)."""
-        self._hinted: dict[int, float] = {}
-        self._allow_users, self._allow_user_names, self._all_users = _allow_list(
-            settings.telegram_allow_users
-        )
-        self._allow_chats, self._allow_chat_names, self._all_chats = _allow_list(
-            settings.telegram_allow_chats
-        )
         self._outbox = TelegramOutbox(
             settings,
             api=self._api,
@@ -134,11 +111,25 @@ class TelegramChannel:
             retry_base=retry_base,
             typing_interval=typing_interval,
         )
+        self.messages = TelegramInbound(
+            self.name, settings, self.reader, self._outbox, self._migrated, self._scrub
+        )
+        """Messages -> `Inbound`: what is for us, who may talk (channels/telegram_inbound.py)."""
         self._drafts = Drafts()
         self._approvals = TelegramApprovals(self._outbox, self._route, self._api, self.name)
         """Approval requests with an inline keyboard (channels/telegram_approvals.py)."""
         self.files = TelegramFiles(self._api, self._outbox, self._scrub)
         """Files of messages (fetched in the turn) and files the bot sends."""
+
+    @property
+    def username(self) -> str:
+        """The bot's username (known once started)."""
+        return self.messages.username
+
+    @property
+    def bot_id(self) -> int:
+        """The bot's user id (known once started)."""
+        return self.messages.bot_id
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, runtime: RuntimeLike) -> None:
@@ -152,7 +143,7 @@ class TelegramChannel:
         first, self.first_poll = self.first_poll, None
         if first is not None and not self.webhook_url:
             # The token worked and the webhook is gone already: polling is on its way.
-            self.username, self.bot_id = first.username, first.bot_id
+            self.messages.username, self.messages.bot_id = first.username, first.bot_id
             self._start_polling(runtime, first)
             await self._register_commands()
             return
@@ -168,7 +159,7 @@ class TelegramChannel:
             raise ConnectionError(
                 f"cannot reach the Telegram Bot API at {where}: {self._scrub(exc)}"
             ) from None
-        self.username, self.bot_id = me.username or "", me.id
+        self.messages.username, self.messages.bot_id = me.username or "", me.id
         await self._register_commands()
         if self.webhook_url:
             try:
@@ -241,12 +232,6 @@ class TelegramChannel:
         except (TelegramAPIError, AiogramError) as exc:
             log.warning("telegram.set_my_commands failed: %s", self._scrub(exc))
 
-    def _attachments(self, message: Message) -> list[Attachment]:
-        found = attachments(message, self._download_limit)
-        if message.photo and (photo := self.reader.photo(message.photo)) is not None:
-            found.insert(0, photo)
-        return found
-
     def fetch(self, ref: dict[str, Any], max_bytes: int) -> AsyncIterator[bytes]:
         """A file of a message (`FetchesFiles`): getFile, then the file download path."""
         return self.files.fetch(ref, max_bytes)
@@ -314,135 +299,15 @@ class TelegramChannel:
 
     async def _handle(self, update: Update) -> None:
         """Store one update's message (if it is for us); raises only when storing failed."""
-        if update.callback_query is not None and self._runtime is not None:
-            await self._approvals.press(update.callback_query, self._runtime)
+        runtime = self._runtime
+        if runtime is None:
             return
-        message = update.message
-        if message is None or self._runtime is None:
+        if update.callback_query is not None:
+            await self._approvals.press(update.callback_query, runtime)
+            return
+        if update.message is None:
             return  # edited messages, channel posts, anything else we did not subscribe to
-        try:
-            inbound = await self._inbound(message, update.update_id)
-        except Exception:
-            log.exception("telegram.update_skipped update=%d", update.update_id)
-            return
-        if inbound is None or inbound == DENIED:
-            self._runtime.note_inbound(self.name, "ignored" if inbound is None else DENIED)
-            return
-        await self._runtime.receive(inbound)
-
-    def _is_allowed(self, message: Message) -> bool:
-        user, chat = message.from_user, message.chat
-        if self._all_users or self._all_chats:
-            return True
-        if user is not None and (
-            user.id in self._allow_users
-            or (user.username or "").lower() in self._allow_user_names - {""}
-        ):
-            return True
-        return chat.id in self._allow_chats or (
-            (chat.username or "").lower() in self._allow_chat_names - {""}
-        )
-
-    def _addressed(self, message: Message) -> bool:
-        """In a group: a mention of us, a reply to us, or a command meant for us."""
-        text = message.text or message.caption or ""
-        me = self.username.lower()
-        for entity in message.entities or message.caption_entities or []:
-            if entity.type == "mention" and entity.extract_from(text).lower() == f"@{me}":
-                return True
-            if entity.type == "text_mention" and entity.user and entity.user.id == self.bot_id:
-                return True
-            if entity.type == "bot_command":
-                name, _, target = entity.extract_from(text)[1:].partition("@")
-                if target.lower() == me:
-                    return True
-                if not target and entity.offset == 0 and name.lower() in commands.COMMANDS:
-                    return True  # "/status" without a bot name is for every bot in the chat
-        reply = message.reply_to_message
-        # In forum topics every message "replies" to the topic's creation message.
-        return bool(
-            reply is not None
-            and reply.from_user is not None
-            and reply.from_user.id == self.bot_id
-            and reply.forum_topic_created is None
-        )
-
-    async def _inbound(self, message: Message, update_id: int) -> Inbound | str | None:
-        chat, user = message.chat, message.from_user
-        migration = _migration(message)
-        if migration is not None:
-            old, new = migration
-            self._migrated[old] = new
-            log.info("telegram.chat_migrated from=%d to=%d", old, new)
-            if self._runtime is not None:
-                # The supergroup continues the group's conversation (same tape).
-                await self._runtime.move_session(f"{self.name}:{old}", f"{self.name}:{new}")
-            return None
-        if chat.type not in ("private", "group", "supergroup") or user is None or user.is_bot:
-            return None
-        if message.is_automatic_forward or not has_content(message):
-            return None  # service messages (joins, pins, topic events) and channel forwards
-        if chat.type != "private" and not self._addressed(message):
-            return None
-        if not self._is_allowed(message):
-            if chat.type == "private":
-                await self._hint(user.id)
-            else:
-                log.info("telegram.ignored unauthorised user=%d chat=%d", user.id, chat.id)
-            return DENIED
-        bot_names = (f"@{self.username}",) if self.username else ()
-        body, images = await self.reader.content(message)
-        text = body
-        if commands.parse(body, bot_names) is None:
-            context = self.reader.reply_context(message, self.bot_id)
-            if context:
-                text = f"{context}\n{body}" if body else context
-        thread = message.message_thread_id if message.is_topic_message else None
-        if thread == GENERAL_TOPIC:
-            thread = None  # the General topic: sendMessage rejects message_thread_id=1
-        session = f"telegram:{chat.id}" + (f":{thread}" if thread else "")
-        return Inbound(
-            channel=self.name,
-            session_id=session,
-            delivery_key=f"{chat.id}:{message.message_id}",
-            message_id=str(message.message_id),
-            sent_at=message.date.timestamp(),
-            sender=Sender(
-                id=str(user.id), name=user.full_name, username=user.username, is_bot=user.is_bot
-            ),
-            text=text,
-            reply_target={
-                "chat_id": chat.id,
-                "message_id": message.message_id,
-                "thread_id": thread,
-                "chat_type": chat.type,
-            },
-            images=tuple(images),
-            attachments=tuple(self._attachments(message)),
-            bot_names=bot_names,
-            meta={"update_id": update_id, "chat_type": chat.type, "thread_id": thread},
-        )
-
-    async def _hint(self, user_id: int) -> None:
-        """Tell an unknown private user their id, at most once an hour (nothing is stored)."""
-        now = time.monotonic()
-        last = self._hinted.get(user_id)
-        if last is not None and now - last < HINT_INTERVAL:
-            return
-        if len(self._hinted) > 10_000:
-            self._hinted = {u: t for u, t in self._hinted.items() if now - t < HINT_INTERVAL}
-        self._hinted[user_id] = now
-        log.info("telegram.unauthorised user=%d (sent the id hint)", user_id)
-        try:
-            # Bounded: under flood control the hint is dropped rather than holding up updates.
-            await asyncio.wait_for(
-                self._outbox.call(
-                    user_id, lambda bot: bot.send_message(user_id, NOT_ALLOWED.format(id=user_id))
-                ),
-                HINT_TIMEOUT,
-            )
-        except (TelegramAPIError, AiogramError, DeliveryError, TimeoutError) as exc:
-            log.warning("telegram.hint failed user=%d: %s", user_id, self._scrub(exc))
+        await self.messages.handle(update.message, update.update_id, runtime)
 
     # -- outbound (telegram_outbox) ----------------------------------------------------------
     def split(self, text: str) -> list[str]:
@@ -521,33 +386,7 @@ class TelegramChannel:
         return text
 
 
-def _allow_list(entries: list[str]) -> tuple[set[int], set[str], bool]:
-    """(ids, lower-case usernames, everyone) from a comma list setting."""
-    ids: set[int] = set()
-    names: set[str] = set()
-    everyone = False
-    for raw in entries:
-        entry = raw.strip()
-        if entry == "*":
-            everyone = True
-        elif entry.lstrip("-").isdigit():
-            ids.add(int(entry))
-        elif entry:
-            names.add(entry.lstrip("@").lower())
-    return ids, names, everyone
-
-
 def _describe(usage: str) -> str:
     """The menu text of a command from its usage line ("/x — does y" -> "does y")."""
     _, _, text = usage.partition(" — ")
     return (text or usage)[:256]
-
-
-def _migration(message: Message) -> tuple[int, int] | None:
-    """(old chat id, new chat id) when `message` announces a group -> supergroup migration:
-    the old group gets `migrate_to_chat_id`, the new supergroup `migrate_from_chat_id`."""
-    if message.migrate_to_chat_id:
-        return message.chat.id, message.migrate_to_chat_id
-    if message.migrate_from_chat_id:
-        return message.migrate_from_chat_id, message.chat.id
-    return None

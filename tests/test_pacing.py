@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from bub_bot.config import ConfigError, Settings, parse_rate
+from bub_bot.config import ConfigError, Settings
+from bub_bot.config_values import parse_rate
 from channels.pacing import FLOOD_KEYS, Pacer, Rate, Window
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bub_bot.config import ConfigError, load_settings, workspace_uid
+from bub_bot.config import ConfigError, load_settings
+from bub_bot.config_values import workspace_uid
 from tests import sandbox_harness as harness
 from tests.sandbox_harness import BACKENDS, no_leftovers
 

@@ -15,7 +15,8 @@ import pytest
 
 from bub_bot.config import ConfigError, Settings
 from bub_bot.server import Bot, BotServer
-from channels.slack import NOT_ENABLED, SlackChannel
+from channels.slack import SlackChannel
+from channels.slack_inbound import NOT_ENABLED
 from tests.channel_harness import StoredTapes
 from tests.fakes.openai_server import FakeOpenAI, text
 from tests.fakes.slack_api import (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from ..budgets import Budgets
 from ..config import Settings
 from ..secrets import Scrubber
-from ..tape import Counting, Tape, TapeEntry, default_selector, visible
+from ..tape import Tape, TapeEntry, default_selector, visible
 from ..tape.context import Selector, load_selector
 from ..toolgroups import offered
 from . import metering, overflow
@@ -25,34 +24,11 @@ from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
 from .tool_step import run_tools
 from .tools import Origin, Tool, ToolContext, ToolRegistry, payer_of
+from .turn_writes import FinalAppend, TurnResult, TurnWrites, ms_since, run_record, step_event
 
 log = logging.getLogger(__name__)
 
 EntryFilter = Callable[[list[TapeEntry]], list[TapeEntry]]
-FinalAppend = Callable[[list[TapeEntry], Counting | None], Awaitable[list[TapeEntry]]]
-"""Writes the entries that end a turn (the answer or notice with its records) in one
-transaction and returns them with their ids; the caller may add its own entries to it."""
-
-
-@dataclass
-class TurnResult:
-    """How a turn ended and what to tell the user.
-
-    `status`: ok | error | max_steps | overflow | approval (the step's calls wait for a
-    person: the reply entry is the `approval.request`). `reply_entry` is the tape entry whose text
-    is the reply (the final assistant message, or a `turn.notice` event), so delivery can be
-    resumed after a crash. `seen_through` is the newest entry id the model saw.
-    """
-
-    status: str
-    reply: str
-    reply_entry: int | None
-    seen_through: int
-    steps: int = 0
-    auto_handoff: bool = False
-    usage: dict[str, int] = field(default_factory=dict)
-    entry: TapeEntry | None = None
-    """The reply entry itself (saves the runtime a read)."""
 
 
 class Agent:
@@ -143,47 +119,10 @@ class Agent:
         workspace = workspace or self.settings.workspace
         selector = selector or self.selector
         started_turn = time.perf_counter()
-        first = [TapeEntry.message(m) for m in new_messages]
-        start: dict[str, Any] = {"turn": turn_id}
-        if payer is not None:
-            start["payer"] = payer
-        if progress is not None:
-            # The runtime's mark that partial text may show (runtime/streaming.py).
-            start["streams"] = True
-        first.append(TapeEntry.event("loop.start", start, context=False))
-        # Not written yet (no messages to put on the tape before the first model call): it
-        # goes first in the turn's first write, with the bootstrap anchor if the tape has none.
-        opening: list[TapeEntry] = []
-        if new_messages or progress is not None:
-            # A streamed turn's start is the mark that partial text may show: it must be on
-            # the tape before the first partial (runtime/streaming.py, `await_partial`).
-            # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
-            written = await tape.append_many(first, bootstrap=True)
-            if turn_start is None:
-                turn_start = written[0].id - 1
-        else:
-            opening = first
-            if turn_start is None:
-                turn_start = await _last_id(tape)
-
-        async def write(entries: list[TapeEntry], usage: Counting | None = None) -> list[TapeEntry]:
-            """Append a step's entries after whatever of the turn's start is not written."""
-            nonlocal opening
-            head, opening = opening, []
-            written = await tape.append_many([*head, *entries], bootstrap=bool(head), usage=usage)
-            return written[len(head) :]
-
-        async def write_final(entries: list[TapeEntry], usage: Counting | None) -> list[TapeEntry]:
-            nonlocal opening
-            if append_final is None:
-                return await write(entries, usage)
-            head, opening = opening, []
-            return (await append_final([*head, *entries], usage))[len(head) :]
-
-        async def flush() -> None:
-            """Write the turn's start before records written by others (tools, handoffs)."""
-            if opening:
-                await write([])
+        writes = TurnWrites(tape, append_final)
+        turn_start = await writes.begin(
+            new_messages, turn_id, payer, progress is not None, turn_start
+        )
 
         origin = origin or Origin(session_id=tape.session_id or "")
         policy = self.policies.for_session(origin.session_id or tape.session_id or "")
@@ -238,8 +177,8 @@ class Agent:
             where = (tape.session_id or "", turn_id, step)
             spent = await metering.spent(self.budgets, charge_to, self._notify, where)
             if spent is not None:
-                return await self._end(
-                    write_final,
+                return await writes.notice(
+                    self._notify,
                     "budget",
                     spent.text(),
                     step - 1,
@@ -256,12 +195,12 @@ class Agent:
                         messages, schemas, on_progress=progress, model=model
                     )
             except ContextOverflow as exc:
-                elapsed = _ms(step_started)
-                await flush()
+                elapsed = ms_since(step_started)
+                await writes.flush()
                 if auto_handed_off:
                     await overflow.past_too_long(tape, exc, seen_through)
-                    return await self._end(
-                        write_final,
+                    return await writes.notice(
+                        self._notify,
                         "overflow",
                         exc.user_message,
                         step,
@@ -278,17 +217,9 @@ class Agent:
                 continue
             except ModelError as exc:
                 self._notify("model_call", {"ok": False})
-                await write(
-                    [
-                        TapeEntry.event(
-                            "loop.step",
-                            {"step": step, "status": "error", "elapsed_ms": _ms(step_started)},
-                            context=False,
-                        )
-                    ]
-                )
-                return await self._end(
-                    write_final,
+                await writes.write([step_event(step, "error", step_started)])
+                return await writes.notice(
+                    self._notify,
                     "error",
                     exc.user_message,
                     step,
@@ -316,44 +247,27 @@ class Agent:
                     "subagent": payer is not None,
                 },
             )
-            run_data: dict[str, Any] = {
-                "model": reply.model,
-                "usage": reply.usage,
-                "latency_ms": round(reply.latency_ms, 1),
-                "step": step,
-                "turn": turn_id,
-            }
-            if payer is not None:
-                run_data["payer"] = payer
-            run_event = TapeEntry.event("run", run_data, context=False)
+            run_event = run_record(reply, step, turn_id, payer)
             if not reply.tool_calls:
-                final = TapeEntry.message(
-                    {"role": "assistant", "content": reply.content},
-                    turn=turn_id,
-                    seen_through=seen_through,
-                )
-                written = await write_final(
-                    [
-                        final,
-                        run_event,
-                        TapeEntry.event(
-                            "loop.step",
-                            {"step": step, "status": "ok", "elapsed_ms": _ms(step_started)},
-                            context=False,
-                        ),
-                    ],
+                answer = await writes.answer(
+                    reply,
+                    run_event,
                     counting,
+                    turn_id=turn_id,
+                    step=step,
+                    seen_through=seen_through,
+                    step_started=step_started,
                 )
-                self._notify("turn", {"status": "ok", "elapsed_ms": _ms(started_turn)})
+                self._notify("turn", {"status": "ok", "elapsed_ms": ms_since(started_turn)})
                 return TurnResult(
                     "ok",
                     reply.content,
-                    written[0].id,
+                    answer.id,
                     seen_through,
                     step,
                     auto_handed_off,
                     usage_total,
-                    written[0],
+                    answer,
                 )
 
             # Only tools this session is offered are asked about (others fail as unknown).
@@ -364,8 +278,8 @@ class Agent:
             if ASK in policies.values():
                 # A person decides first: the turn ends here, holding no worker or model; the
                 # decision enters the session like a message and `settle` runs the calls.
-                done = {"step": step, "status": "approval", "elapsed_ms": _ms(step_started)}
-                await flush()
+                done = step_event(step, "approval", step_started)
+                await writes.flush()
                 request = await self.gate.hold(
                     tape,
                     reply,
@@ -373,7 +287,7 @@ class Agent:
                     resolve,
                     origin,
                     (seen_through, turn_id, charge_to.to_json()),
-                    [run_event, TapeEntry.event("loop.step", done, context=False)],
+                    [run_event, done],
                     counting,  # the call that asked is paid for like any other
                 )
                 self._notify("approval", {"outcome": "requested"})
@@ -386,7 +300,7 @@ class Agent:
             if progress is not None:
                 names = tuple(self.scrub.text(c["function"]["name"]) for c in reply.tool_calls)
                 tell(progress, Progress("tools", tools=names))
-            await flush()  # tools may write to the tape (spills, subagents) before the step
+            await writes.flush()  # tools may write to the tape (spills, subagents) before the step
             step_entries = await self._run_tools(
                 ctx, tape, reply.tool_calls, reply.content, policies, fixed
             )
@@ -396,26 +310,20 @@ class Agent:
                 usage_total[key] = usage_total.get(key, 0) + value
             ctx.usage = {}
             step_entries.append(run_event)
-            step_entries.append(
-                TapeEntry.event(
-                    "loop.step",
-                    {"step": step, "status": "continue", "elapsed_ms": _ms(step_started)},
-                    context=False,
-                )
-            )
+            step_entries.append(step_event(step, "continue", step_started))
             if ctx.deferred:
                 step_entries.extend(ctx.deferred)
                 step_entries.extend(await overflow.turn_user_messages(tape, turn_start))
                 ctx.deferred = []
                 ctx.handed_off = False
-            await write(step_entries, counting)
+            await writes.write(step_entries, counting)
 
         note = (
             f"I stopped after {max_steps} steps without a final answer."
             " Ask me to continue, or narrow the request."
         )
-        return await self._end(
-            write_final,
+        return await writes.notice(
+            self._notify,
             "max_steps",
             note,
             step,
@@ -489,42 +397,3 @@ class Agent:
             policies,
             fixed,
         )
-
-    async def _end(
-        self,
-        write: FinalAppend,
-        status: str,
-        message: str,
-        step: int,
-        seen_through: int,
-        usage: dict[str, int],
-        *,
-        error: tuple[str, str] | None = None,
-        auto_handoff: bool = False,
-    ) -> TurnResult:
-        """End a turn without a model answer: record why and the note the user gets."""
-        entries = []
-        if error is not None:
-            entries.append(TapeEntry.error(*error))
-        entries.append(
-            TapeEntry.event(
-                "turn.notice",
-                {"status": status, "text": message, "seen_through": seen_through},
-                context=False,
-            )
-        )
-        written = await write(entries, None)
-        self._notify("turn", {"status": status})
-        return TurnResult(
-            status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]
-        )
-
-
-async def _last_id(tape: Tape) -> int:
-    """The tape's newest entry id (0: empty)."""
-    newest = await tape.query(limit=1, newest_first=True)
-    return newest[0].id or 0 if newest else 0
-
-
-def _ms(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 1)
