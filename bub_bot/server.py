@@ -291,6 +291,9 @@ class BotServer:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         await self.bot.start_channels()
         await self.bot.runtime.start()
+        # After the channels started (Telegram's first poll is not delayed): the SDK loads in a
+        # worker thread, so the first turn does not import it on the event loop.
+        self.bot.agent.model.preload()
         self.ready = True
         log.info(
             "serving on %s:%d channels=%s",

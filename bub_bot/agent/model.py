@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,8 +64,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The openai SDK takes about a second to import; it is imported on the first model call so
-# `bub-bot serve` reports ready (and answers health checks) sooner.
+# The openai SDK takes about a second to import: it is not imported at start-up so `bub-bot
+# serve` reports ready (and sends Telegram's first poll) sooner. `serve` then loads it in a
+# worker thread (`ModelClient.preload`); imported on the loop at the first call instead, it
+# would stall every conversation the event loop serves for that second.
+SDK_MODULES = ("openai",)
+# What the SDK's httpx transport still imports at its first request (see
+# tests/sdk_preload_child.py, which prints what a first turn imports): loaded too when present.
+TRANSPORT_MODULES = ("httpcore2", "httpcore", "h11", "anyio.streams.tls", "truststore")
 
 
 class _Fallback(Exception):
@@ -98,6 +106,33 @@ class ModelClient:
         """The server refused to stream (or ignored `stream`): not asked again."""
         self._stream_usage = True
         """Ask for usage in the last chunk (`stream_options`) until the server refuses it."""
+        self._preload: asyncio.Future[Any] | None = None
+        """The SDK's import in a worker thread (`preload`), awaited by the first call."""
+
+    def preload(self) -> asyncio.Future[Any] | None:
+        """Import the SDK in a worker thread now, off the event loop, so the first model
+        call finds it loaded (None when it already is). Calls made meanwhile wait for it."""
+        if self._client is not None or self._preload is not None:
+            return self._preload
+        if all(name in sys.modules for name in SDK_MODULES):
+            return None
+
+        def load() -> None:
+            for name in SDK_MODULES:
+                importlib.import_module(name)
+            for name in TRANSPORT_MODULES:
+                with contextlib.suppress(ImportError):  # another SDK build, another transport
+                    importlib.import_module(name)
+
+        self._preload = asyncio.ensure_future(asyncio.to_thread(load))
+        return self._preload
+
+    async def _sdk_ready(self) -> None:
+        """Wait for a preload still running (a failed one leaves the import to `client`)."""
+        loading = self._preload
+        if loading is not None and not loading.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(loading)
 
     @property
     def client(self) -> openai.AsyncOpenAI:
@@ -116,6 +151,9 @@ class ModelClient:
         return self._client
 
     async def close(self) -> None:
+        if self._preload is not None and not self._preload.done():
+            with contextlib.suppress(Exception):
+                await self._preload  # a thread cannot be cancelled: let it finish
         if self._client is not None:
             await self._client.close()
 
@@ -155,6 +193,7 @@ class ModelClient:
         bound = asyncio.timeout(deadline)
         try:
             async with bound:
+                await self._sdk_ready()
                 if watch is not None and self.streaming:
                     try:
                         return await self._streamed(body, options, watch)
