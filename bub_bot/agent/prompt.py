@@ -1,7 +1,15 @@
-"""The system prompt, built fresh for every model call (never stored on the tape)."""
+"""The system prompt, built for every model call (never stored on the tape).
+
+Building it reads the workspace's AGENTS.md and lists the skills, at every step of every
+turn; `PromptCache` keeps the built text per workspace, keyed by what it depends on (the
+settings, the tools, the stat of AGENTS.md, the skill catalog, itself cached by stats), so
+an unchanged workspace costs a few stats per call and an edit is seen at the next step.
+"""
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,28 +25,96 @@ read it with spill_read using the handle you were given."""
 
 AGENTS_FILE = "AGENTS.md"
 AGENTS_LIMIT = 20_000
+CACHED_WORKSPACES = 512
+
+
+class PromptCache:
+    """Built system prompts (without the date line) per workspace, LRU-bounded.
+
+    `reads` counts the reads of an AGENTS.md and `builds` the prompts built (a call that
+    finds its key unchanged does neither): figures for tests and benchmarks."""
+
+    def __init__(self, size: int = CACHED_WORKSPACES) -> None:
+        self._size = size
+        self._built: OrderedDict[str, tuple[tuple[object, ...], str]] = OrderedDict()
+        self.reads = 0
+        self.builds = 0
+
+    def prompt(
+        self, base: str | None, workspace: Path, tools: list[Tool], skills_dir: Path | None
+    ) -> str:
+        """The prompt of `build_system_prompt` but its date line, from the cache while
+        nothing it depends on changed."""
+        agents = workspace / AGENTS_FILE
+        try:
+            info = os.stat(agents)  # followed like the read below follows it
+            stat_key: tuple[int, ...] | None = (
+                info.st_dev,
+                info.st_ino,
+                info.st_mtime_ns,
+                info.st_ctime_ns,
+                info.st_size,
+            )
+        except OSError:
+            stat_key = None
+        tool_key = tuple((t.exposed_name, t.description) for t in tools)
+        found = None
+        if any(t.name == "skill" for t in tools):
+            found = skills.catalog(workspace, skills_dir).skills
+        key = (base, stat_key, tool_key, skills_dir, found)
+        where = str(workspace)
+        cached = self._built.get(where)
+        if cached is not None and cached[0] == key:
+            self._built.move_to_end(where)
+            return cached[1]
+        text = self._build(base, agents if stat_key is not None else None, tools, found)
+        self._built[where] = (key, text)
+        self._built.move_to_end(where)
+        while len(self._built) > self._size:
+            self._built.popitem(last=False)
+        return text
+
+    def _build(
+        self,
+        base: str | None,
+        agents: Path | None,
+        tools: list[Tool],
+        found: tuple[skills.Skill, ...] | None,
+    ) -> str:
+        self.builds += 1
+        parts = [base or DEFAULT_PROMPT]
+        text = ""
+        if agents is not None:
+            self.reads += 1
+            try:
+                text = agents.read_text(encoding="utf-8", errors="replace")[:AGENTS_LIMIT]
+            except OSError:
+                text = ""
+        if text.strip():
+            parts.append(f"## Workspace instructions ({AGENTS_FILE})\n{text.strip()}")
+        if tools:
+            lines = [f"- {t.exposed_name}: {t.description.splitlines()[0]}" for t in tools]
+            parts.append("## Tools\n" + "\n".join(lines))
+        if found:
+            listed = skills.prompt_section(skills.Catalog(found))
+            if listed:
+                parts.append(listed)
+        return "\n\n".join(parts)
+
+
+PROMPTS = PromptCache()
+"""The process's prompt cache (the loop and the web viewer share it)."""
 
 
 def build_system_prompt(
-    base: str | None, workspace: Path, tools: list[Tool], skills_dir: Path | None = None
+    base: str | None,
+    workspace: Path,
+    tools: list[Tool],
+    skills_dir: Path | None = None,
+    cache: PromptCache | None = None,
 ) -> str:
     """`BUB_SYSTEM_PROMPT` (or the default), the workspace's AGENTS.md, the tool list, and
     the skills' names and descriptions when the `skill` tool is offered (`skills_dir`:
-    BUB_SKILLS_DIR)."""
-    parts = [base or DEFAULT_PROMPT]
-    agents = workspace / AGENTS_FILE
-    try:
-        text = agents.read_text(encoding="utf-8", errors="replace")[:AGENTS_LIMIT]
-    except OSError:
-        text = ""
-    if text.strip():
-        parts.append(f"## Workspace instructions ({AGENTS_FILE})\n{text.strip()}")
-    if tools:
-        lines = [f"- {t.exposed_name}: {t.description.splitlines()[0]}" for t in tools]
-        parts.append("## Tools\n" + "\n".join(lines))
-    if any(t.name == "skill" for t in tools):
-        listed = skills.prompt_section(skills.catalog(workspace, skills_dir))
-        if listed:
-            parts.append(listed)
-    parts.append(f"Today is {datetime.now(UTC):%Y-%m-%d} (UTC).")
-    return "\n\n".join(parts)
+    BUB_SKILLS_DIR), and today's date; built once per change (`cache`, default `PROMPTS`)."""
+    body = (cache or PROMPTS).prompt(base, workspace, tools, skills_dir)
+    return f"{body}\n\nToday is {datetime.now(UTC):%Y-%m-%d} (UTC)."
