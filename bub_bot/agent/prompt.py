@@ -45,7 +45,8 @@ class PromptCache:
     ) -> str:
         """The prompt of `build_system_prompt` but its date line, from the cache while
         nothing it depends on changed."""
-        agents = workspace / AGENTS_FILE
+        where = str(workspace)
+        agents = os.path.join(where, AGENTS_FILE)
         try:
             info = os.stat(agents)  # followed like the read below follows it
             stat_key: tuple[int, ...] | None = (
@@ -62,7 +63,6 @@ class PromptCache:
         if any(t.name == "skill" for t in tools):
             found = skills.catalog(workspace, skills_dir).skills
         key = (base, stat_key, tool_key, skills_dir, found)
-        where = str(workspace)
         cached = self._built.get(where)
         if cached is not None and cached[0] == key:
             self._built.move_to_end(where)
@@ -77,7 +77,7 @@ class PromptCache:
     def _build(
         self,
         base: str | None,
-        agents: Path | None,
+        agents: str | None,
         tools: list[Tool],
         found: tuple[skills.Skill, ...] | None,
     ) -> str:
@@ -87,7 +87,8 @@ class PromptCache:
         if agents is not None:
             self.reads += 1
             try:
-                text = agents.read_text(encoding="utf-8", errors="replace")[:AGENTS_LIMIT]
+                with open(agents, encoding="utf-8", errors="replace") as file:
+                    text = file.read()[:AGENTS_LIMIT]
             except OSError:
                 text = ""
         if text.strip():
