@@ -1,0 +1,80 @@
+"""Review 17: a send the platform took whose answer never came back, cancelled because the
+lease could not be renewed (database cut), leaves no record at all: the replica that takes
+over waits its lease period, then sends the piece again: the chat shows the answer twice.
+
+delivery.py says a piece "whose fate is unknown" is never re-sent (DeliveryUnknown ->
+`reply.unknown`); a send cancelled in flight is exactly such a piece, and the cancelled
+owner is alive: it could write `reply.unknown` through `Records` (no lease needed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from bub_bot.agent import Agent, ModelClient, default_registry
+from bub_bot.runtime import Runtime
+from bub_bot.tape import TapeStore, open_store
+from tests.fakes.openai_server import FakeOpenAI
+from tests.runtime_channel import RuntimeChannel, until
+from tests.tcp_proxy import TcpProxy
+from tests.test_lease_outage import through
+
+
+class LostAnswerChannel(RuntimeChannel):
+    """The platform takes every piece (it is shown), but its HTTP answer never arrives."""
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        await super().send(target, piece)
+        await asyncio.Event().wait()  # the response is lost on the way back
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture
+async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
+    parts = urlsplit(pg_url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as made:
+        yield made
+
+
+@pytest.fixture
+async def replica(
+    pg_url: str, settings: Callable[..., Any], proxy: TcpProxy
+) -> AsyncIterator[Callable[..., Any]]:
+    made: list[tuple[Runtime, TapeStore, Agent]] = []
+
+    async def make(owner: str, channel: RuntimeChannel, *, proxied: bool = False) -> Runtime:
+        conf = settings(lease_seconds=1.5)
+        store = await open_store(through(pg_url, proxy) if proxied else pg_url)
+        agent = Agent(conf, ModelClient(conf), default_registry())
+        runtime = Runtime(conf, store, agent, {channel.name: channel}, store.leases(owner, 1.5))
+        channel.runtime = runtime
+        made.append((runtime, store, agent))
+        await runtime.start()
+        return runtime
+
+    yield make
+    proxy.restore()
+    for runtime, store, agent in made:
+        await runtime.shutdown(grace=2)
+        await agent.model.close()
+        await store.close()
+
+
+async def test_a_send_cancelled_in_flight_by_lease_loss_is_not_sent_again(
+    replica, proxy: TcpProxy, fake_openai: FakeOpenAI
+) -> None:
+    ch1, ch2 = LostAnswerChannel(), RuntimeChannel()
+    await replica("one", ch1, proxied=True)
+    await replica("two", ch2)
+    await ch1.say("question", key="k1")
+    await ch1.wait_sent("a", 1, timeout=15)  # the platform shows it; A waits for the answer
+    proxy.cut()  # A cannot renew: its work (the send in flight) is cancelled
+    # B takes over and, finding no record, sends the piece once more after its wait.
+    await until(lambda: len(ch2.texts("a")) > 0 or ch2.attempts > 0, timeout=12)
+    await asyncio.sleep(0.5)
+    shown = ch1.texts("a") + ch2.texts("a")
+    assert shown == ["echo: question"], f"the chat shows {shown}"
