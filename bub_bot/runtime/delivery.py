@@ -161,7 +161,9 @@ class Delivery:
         turn, or a resumed piece's mark); otherwise a `reply.sending` is written before it
         goes out. Every later piece is marked by its predecessor's record."""
         then = list(then or [])
-        self.records.began(session.tape.name, reply_id)
+        # By the delivery key, not the id: ids restart after a /reset (an unkeyed send, the
+        # expiry note, is never resumed).
+        self.records.began(session.tape.name, key)
         channel_name = source.meta.get("channel", "")
         channel = self.channels.get(channel_name)
         target = source.meta.get("reply_target") or {}
@@ -313,7 +315,7 @@ class Delivery:
                 e.payload["name"] == REPLY_SENDING and e.payload["data"].get("chunk") == first
                 for e in mine
             )
-            own = self.records.began_here(session.tape.name, reply.id)
+            own = self.records.began_here(session.tape.name, delivery_key(session.tape.name, reply))
             if not marked or own or time.monotonic() >= deadline:
                 if waited:
                     log.warning(

@@ -65,7 +65,7 @@ class Records:
         self.keep_seconds = keep_seconds
         self._queues: dict[str, deque[_Write]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
-        self._started: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._started: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     @property
     def waiting(self) -> int:
@@ -99,19 +99,22 @@ class Records:
             with contextlib.suppress(Exception):
                 await asyncio.shield(queue[-1].done)
 
-    # -- replies this process started to deliver (so it knows no one else may record them) -----
-    def began(self, tape_name: str, reply_id: int | None) -> None:
-        """This process is about to send pieces of this reply."""
-        if reply_id is None:
+    # -- deliveries this process started (so it knows no one else may record them) --------------
+    # Keyed by a key never reused by another delivery under the same tape name (a reply's
+    # delivery key includes its date, a turn's id is random): a /reset restarts the tape's ids,
+    # and an id this process used before the reset must not make another's reply its own.
+    def began(self, tape_name: str, key: str | None) -> None:
+        """This process is about to send pieces of the delivery `key` (None: not resumable)."""
+        if key is None:
             return
-        self._started[(tape_name, reply_id)] = None
-        self._started.move_to_end((tape_name, reply_id))
+        self._started[(tape_name, key)] = None
+        self._started.move_to_end((tape_name, key))
         while len(self._started) > STARTED_LIMIT:
             self._started.popitem(last=False)
 
-    def began_here(self, tape_name: str, reply_id: int) -> bool:
-        """Whether this process started sending this reply (its records are its own)."""
-        return (tape_name, reply_id) in self._started
+    def began_here(self, tape_name: str, key: str) -> bool:
+        """Whether this process started the delivery `key` (its records are its own)."""
+        return (tape_name, key) in self._started
 
     # -- the writer, one per tape ----------------------------------------------------------------
     async def _drain(self, name: str) -> None:

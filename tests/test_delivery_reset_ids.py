@@ -1,11 +1,12 @@
-"""Review 17: `Records.began_here(tape, reply_id)` tells "this process sent this reply" by the
-tape's name and the reply's id, but a /reset starts the tape again under the same name with
-ids from 1: the first answer after a /reset has the id of an answer this replica delivered
-before the reset. Replica B answered in a conversation; /reset; replica A answers the next
-question and loses the database right after the platform took it. B takes over, believes
-the reply its own (its records settled), skips the takeover wait and sends the answer again
-at once, while A's record comes in a moment later: the chat shows the answer twice.
-(The same conversation without the earlier answer on B: B waits, finds A's record, one answer:
+"""A reply id reused after a /reset is not taken for this replica's own (regression, review 17).
+
+`Records.began_here` once told "this process sent this reply" by the tape's name and the
+reply's id, but a /reset starts the tape again under the same name with ids from 1: the first
+answer after a /reset had the id of an answer this replica delivered before the reset. Replica
+B answers in a conversation; /reset; replica A answers the next question and loses the
+database right after the platform took it. B takes over; it must not believe the reply its own
+(it is keyed by the delivery key, which includes the reply's date): it waits for A's record,
+and the chat shows the answer once. (The same conversation without the earlier answer on B:
 tests/test_delivery_takeover.py.)"""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel, until
 from tests.tcp_proxy import TcpProxy
-from tests.test_review17_cancelled_send import proxy, replica
+from tests.test_delivery_cancelled_send import proxy, replica
 
 __all__ = ["proxy", "replica"]  # fixtures
 
