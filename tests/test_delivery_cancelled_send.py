@@ -1,10 +1,11 @@
-"""Review 17: a send the platform took whose answer never came back, cancelled because the
-lease could not be renewed (database cut), leaves no record at all: the replica that takes
-over waits its lease period (A is back within it), then sends the piece again: the chat shows the answer twice.
+"""A send cancelled by lease loss (regression, review 17): in flight, it is never sent again;
+still waiting in the pacer queue, it is sent by the next owner (answered once, not lost).
 
-delivery.py says a piece "whose fate is unknown" is never re-sent (DeliveryUnknown ->
-`reply.unknown`); a send cancelled in flight is exactly such a piece, and the cancelled
-owner is alive: it could write `reply.unknown` through `Records` (no lease needed)."""
+A send the platform took whose answer never came back, cancelled because the lease could not
+be renewed (database cut), once left no record at all: the replica that took over waited its
+lease period, then sent the piece again (the chat showed the answer twice). The channel says
+when its request leaves (`channels.base.request_leaving`); a send cancelled after that is
+recorded as `reply.unknown` through `Records` (no lease needed), as a `DeliveryUnknown` is."""
 
 from __future__ import annotations
 
@@ -19,10 +20,24 @@ import pytest
 from bub_bot.agent import Agent, ModelClient, default_registry
 from bub_bot.runtime import Runtime
 from bub_bot.tape import TapeStore, open_store
+from channels.pacing import Pacer
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel, until
 from tests.tcp_proxy import TcpProxy
 from tests.test_lease_outage import through
+
+
+class PacedChannel(RuntimeChannel):
+    """Every piece waits for its turn in a real `Pacer`, paused as after a long 429."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pacer = Pacer(name="test")
+        self.pacer.pause_all(3600)
+
+    async def send(self, target: dict[str, Any], piece: str) -> list[str]:
+        async with self.pacer.turn(str(target.get("chat"))):
+            return await super().send(target, piece)  # marks `request_leaving`, as outboxes do
 
 
 class LostAnswerChannel(RuntimeChannel):
@@ -85,3 +100,23 @@ async def test_a_send_cancelled_in_flight_by_lease_loss_is_not_sent_again(
     await asyncio.sleep(0.5)
     shown = ch1.texts("a") + ch2.texts("a")
     assert shown == ["echo: question"], f"the chat shows {shown}"
+
+
+async def test_a_send_cancelled_in_the_pacer_queue_is_sent_by_the_next_owner(
+    replica, proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bub_bot.runtime")
+    ch1, ch2 = PacedChannel(), RuntimeChannel()
+    await replica("one", ch1, proxied=True)
+    await replica("two", ch2)
+    await ch1.say("question", key="k1")
+    await until(lambda: ch1.pacer.waiting == 1, timeout=15)  # the answer waits for its turn
+    proxy.cut()  # A cannot renew: its send, still queued, is cancelled
+    await until(lambda: "reply.cancelled_unsent" in caplog.text, timeout=10)
+    assert ch1.pacer.waiting == 0  # it left the queue
+    proxy.restore()  # A is back: it has nothing to record
+    await ch2.wait_sent("a", 1, timeout=15)  # B waited for a record, none came: B sends it
+    await asyncio.sleep(0.5)
+    assert ch1.texts("a") == []
+    assert ch2.texts("a") == ["echo: question"]
+    assert "reply.resend" in caplog.text

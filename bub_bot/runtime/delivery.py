@@ -22,6 +22,7 @@ session (`streaming.leftover`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -35,14 +36,16 @@ from channels.base import (
     DeliveryUnknown,
     Recalls,
     ReplyStream,
+    SendState,
     Streams,
+    watch_send,
 )
 
 from ..approvals.requests import REQUEST
 from ..config import Settings
 from ..tape import TapeEntry
 from .facts import DONE, REPLY_SENDING, REPLY_SENT, REPLY_UNKNOWN, marks_itself, reply_text
-from .records import PIECE_RECORDS, Records
+from .records import PIECE_RECORDS, Records, RecordsFull
 from .session import Session
 from .streaming import (
     OPENING,
@@ -200,22 +203,35 @@ class Delivery:
                 )
             held: list[str] = []
             try:
-                ids = None
-                if buttons:
-                    assert ask is not None and isinstance(channel, Approvals)
-                    ids = await channel.ask(target, ask)
-                elif stream is not None:
-                    slot = stream.shown[index] if index < len(stream.shown) else None
-                    held = [slot] if slot else []
-                    ids = await stream.deliver(index, piece)
-                if ids is None:
-                    ids = await self._post(session, channel, target, piece, index, key, unsure)
+                with watch_send() as sending:
+                    try:
+                        ids = None
+                        if buttons:
+                            assert ask is not None and isinstance(channel, Approvals)
+                            ids = await channel.ask(target, ask)
+                        elif stream is not None:
+                            slot = stream.shown[index] if index < len(stream.shown) else None
+                            held = [slot] if slot else []
+                            ids = await stream.deliver(index, piece)
+                        if ids is None:
+                            ids = await self._post(
+                                session, channel, target, piece, index, key, unsure
+                            )
+                    except asyncio.CancelledError:
+                        self._cancelled(session, reply_id, index, len(pieces), held, sending)
+                        raise
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
                 record = TapeEntry.event(
                     REPLY_UNKNOWN,
-                    {"reply": reply_id, "chunk": index, "error": str(exc), "ids": held},
+                    {
+                        "reply": reply_id,
+                        "chunk": index,
+                        "of": len(pieces),
+                        "error": str(exc),
+                        "ids": held,
+                    },
                     context=False,
                 )
                 self._emit("reply", channel=channel_name, outcome="unknown")
@@ -254,6 +270,28 @@ class Delivery:
         if then:
             await self.records.write(
                 session.tape, [*await self._end(session, stream, len(pieces), reply_id), *then]
+            )
+
+    def _cancelled(
+        self,
+        session: Session,
+        reply_id: int | None,
+        index: int,
+        of: int,
+        held: list[str],
+        sending: SendState,
+    ) -> None:
+        """A send cancelled (lease lost, shutdown grace over): one whose request had left may
+        be posted, so it is recorded as unknown (in the background: no lease needed, and the
+        next owner waits for it); one still waiting for its turn records nothing: resent."""
+        if not sending.left:
+            log.info("reply.cancelled_unsent session=%s chunk=%d", session.id, index)
+            return
+        log.warning("reply.unknown session=%s chunk=%d: cancelled in flight", session.id, index)
+        data = {"reply": reply_id, "chunk": index, "of": of, "error": "cancelled", "ids": held}
+        with contextlib.suppress(RecordsFull):
+            self.records.write_later(
+                session.tape, [TapeEntry.event(REPLY_UNKNOWN, data, context=False)]
             )
 
     async def _post(
@@ -310,6 +348,11 @@ class Delivery:
                 if e.payload["name"] in (REPLY_SENT, REPLY_UNKNOWN)
             }
             first = next(i for i in range(len(done) + 1) if i not in done)
+            of = max((int(e.payload["data"].get("of") or 0) for e in mine), default=0)
+            if of and first >= of:  # every piece is recorded (the last as unknown): no wait
+                if waited:
+                    log.info("reply.recorded_by_sender session=%s entry=%d", session.id, reply.id)
+                return done, True
             marked = first > 0 or marks_itself(reply)
             marked = marked or any(
                 e.payload["name"] == REPLY_SENDING and e.payload["data"].get("chunk") == first

@@ -75,6 +75,11 @@ class Records:
     async def write(self, tape: Tape, entries: list[TapeEntry]) -> list[TapeEntry]:
         """Append `entries` (one transaction); if that fails, retry until written or given
         up (then the last error is raised). Cancelling the caller leaves the write going."""
+        return await asyncio.shield(self.write_later(tape, entries))
+
+    def write_later(self, tape: Tape, entries: list[TapeEntry]) -> asyncio.Future[list[TapeEntry]]:
+        """`write` without waiting: queued at once (also from a task being cancelled, which
+        cannot await any more); the future is done once written or given up."""
         if self.waiting >= self.limit:
             log.error("record.full session=%s waiting=%d", tape.session_id, self.waiting)
             raise RecordsFull(f"{self.waiting} records wait for the database")
@@ -86,7 +91,7 @@ class Records:
             self._writers[tape.name] = asyncio.get_running_loop().create_task(
                 self._drain(tape.name), name=f"records:{tape.name}"
             )
-        return await asyncio.shield(job.done)
+        return job.done
 
     def pending(self, tape_name: str) -> bool:
         """Whether records of this tape still wait to be written."""
