@@ -204,6 +204,7 @@ class Delivery:
             held: list[str] = []
             try:
                 with watch_send() as sending:
+                    keyed = False  # posted with its key: the platform can be asked
                     try:
                         ids = None
                         if buttons:
@@ -214,11 +215,13 @@ class Delivery:
                             held = [slot] if slot else []
                             ids = await stream.deliver(index, piece)
                         if ids is None:
+                            keyed = key is not None and isinstance(channel, Recalls)
                             ids = await self._post(
                                 session, channel, target, piece, index, key, unsure
                             )
                     except asyncio.CancelledError:
-                        self._cancelled(session, reply_id, index, len(pieces), held, sending)
+                        fate = (index, len(pieces), held, keyed)
+                        self._cancelled(session, reply_id, fate, sending)
                         raise
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
@@ -276,16 +279,20 @@ class Delivery:
         self,
         session: Session,
         reply_id: int | None,
-        index: int,
-        of: int,
-        held: list[str],
+        fate: tuple[int, int, list[str], bool],
         sending: SendState,
     ) -> None:
         """A send cancelled (lease lost, shutdown grace over): one whose request had left may
         be posted, so it is recorded as unknown (in the background: no lease needed, and the
-        next owner waits for it); one still waiting for its turn records nothing: resent."""
-        if not sending.left:
-            log.info("reply.cancelled_unsent session=%s chunk=%d", session.id, index)
+        next owner waits for it); one still waiting for its turn records nothing: resent.
+        `fate`: the piece's index, the number of pieces, the stream's message it was to
+        edit, and whether it was posted with its key to a platform that can be asked (then
+        nothing is recorded either: the next owner asks, `Recalls`, and posts it only when
+        it is not there)."""
+        index, of, held, keyed = fate
+        if not sending.left or keyed:
+            unsent = "unsent" if not sending.left else "in_flight"
+            log.info("reply.cancelled_%s session=%s chunk=%d", unsent, session.id, index)
             return
         log.warning("reply.unknown session=%s chunk=%d: cancelled in flight", session.id, index)
         data = {"reply": reply_id, "chunk": index, "of": of, "error": "cancelled", "ids": held}
