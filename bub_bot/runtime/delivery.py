@@ -12,7 +12,13 @@ back (`records.py`: retried with backoff, no lease needed). A process that resum
 piece without a record, sent by another process, waits up to a lease period for that record
 before sending the piece again: the old owner reaches the database when we do. A dead owner
 never writes it: then the piece goes out again, as after a crash (Slack is asked first where
-its channel can: `channels.base.Recalls`).
+its channel can: `channels.base.Recalls`). A process knows its own deliveries by their
+delivery key (ids restart after a /reset).
+
+A send cancelled (lease lost, shutdown grace over) once its request left (the channel says so:
+`channels.base.watch_send`) is recorded as `reply.unknown` in the background; one cancelled
+still waiting for its turn records nothing and is resent; a keyed post to a channel that can
+be asked records nothing either: the next owner asks.
 
 A streamed reply's pieces go through its `ReplyStream` first (the partial message becomes the
 piece); a delivery without one takes over the partial messages a crashed stream left in the
