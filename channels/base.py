@@ -6,7 +6,9 @@ acknowledge the platform (HTTP 200, Socket Mode ack, next polling offset).
 
 Outbound: the runtime asks the channel to `split` the model's text into platform-sized
 pieces and `send`s them one by one, recording each piece it delivered, so a restart resumes
-delivery at the first piece not yet sent.
+delivery at the first piece not yet sent. A channel says when a request that may post the
+piece leaves (`request_leaving`, channels/sending.py): a send cancelled after that is never
+sent again, one cancelled while it waited for its turn is.
 
 Streaming (optional, `Streams`): a channel that can show a reply while the model writes it
 gets a `ReplyStream` per reply. The runtime hands it the text so far (throttled per
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+# Re-exported: part of the contract (see channels/sending.py).
+from .sending import SendState, request_leaving, request_refused, watch_send  # noqa: F401
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,54 +191,6 @@ class DeliveryUnknown(DeliveryError):
 
     The runtime records it and never re-sends it, so nobody gets the same answer twice.
     """
-
-
-@dataclass(slots=True)
-class SendState:
-    """Whether the piece being sent may have reached the platform (see `watch_send`)."""
-
-    requests: int = 0
-    """Requests that left for the platform, less those it provably refused (a 429, a 4xx
-    answer, a connection never made)."""
-
-    @property
-    def left(self) -> bool:
-        """A request that may have posted the piece left: a send cancelled now has an
-        unknown fate (one cancelled while still waiting for its turn has none: resend it)."""
-        return self.requests > 0
-
-
-_SENDING: ContextVar[SendState | None] = ContextVar("bub_sending", default=None)
-
-
-@contextlib.contextmanager
-def watch_send() -> Iterator[SendState]:
-    """The runtime, around one piece's `send` / `deliver` / `ask`: the channel reports each
-    request the moment it leaves (`request_leaving`), so a send cancelled mid-request (lease
-    lost, shutdown) is told from one cancelled while waiting in a pacer queue."""
-    state = SendState()
-    token = _SENDING.set(state)
-    try:
-        yield state
-    finally:
-        _SENDING.reset(token)
-
-
-def request_leaving() -> None:
-    """A channel calls this when a request that may post the piece leaves (its pacer turn
-    came, the HTTP request is about to go); an in-process channel when it shows the piece.
-    Outside `watch_send` (typing, a stream's own updates) it does nothing."""
-    state = _SENDING.get()
-    if state is not None:
-        state.requests += 1
-
-
-def request_refused() -> None:
-    """The request last reported leaving provably posted nothing (a 429, a 4xx answer, a
-    connection never made): a cancellation before the next one leaves is safe to resend."""
-    state = _SENDING.get()
-    if state is not None and state.requests > 0:
-        state.requests -= 1
 
 
 class RuntimeLike(Protocol):
