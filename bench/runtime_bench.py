@@ -20,6 +20,12 @@ After the warm-up the collector is tuned as `bub-bot serve` tunes it once starte
 `--profile FILE` runs the conversations (not the warm-up) under cProfile and writes the stats
 to FILE (read them with pstats). The store's transaction counter gives transactions per turn.
 
+`--postgres` runs the conversations and bursts on a throwaway PostgreSQL server (fsync on;
+BENCH_PG_FAST=1 turns it off) instead of the SQLite file, in this one process; with
+`--shared-leases` the runtime takes its leases in the database as `serve` does with several
+replicas (one replica here: what the leases cost a turn). Its transactions per turn are the
+pool acquires (see tape/postgres.py).
+
 `--http aiohttp` gives `ModelClient` an SDK client on the aiohttp transport instead of the
 SDK's default httpx one (for comparison; the bot uses the default).
 
@@ -52,7 +58,7 @@ from bub_bot.agent import Agent, ModelClient, default_registry
 from bub_bot.config import load_settings
 from bub_bot.runtime import Runtime
 from bub_bot.server import tune_gc
-from bub_bot.tape import SQLiteTapeStore, Tape
+from bub_bot.tape import SQLiteTapeStore, Tape, TapeStore, open_store
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel
 
@@ -138,6 +144,12 @@ class ModelServer:
 # -- the bot side ---------------------------------------------------------------------------------
 
 
+DATABASE: dict[str, Any] = {"cluster": None, "shared": False}
+"""Where the runtimes' tapes go: `cluster` (a PostgreSQL server: each runtime gets a fresh
+schema; None: a SQLite file in its home) and whether leases are in the database
+(`--postgres`, `--shared-leases`)."""
+
+
 async def open_runtime(base_url: str, home: Path, concurrency: int, http: str = "httpx"):
     settings = load_settings(
         openai_base_url=base_url,
@@ -149,7 +161,12 @@ async def open_runtime(base_url: str, home: Path, concurrency: int, http: str = 
         max_concurrent_turns=concurrency,
         _env_file=None,
     )
-    store = await SQLiteTapeStore.open(settings.database_path)
+    store: TapeStore
+    if DATABASE["cluster"] is not None:
+        url = DATABASE["cluster"].fresh_url()
+        store = await open_store(url, pool_size=settings.database_pool_size)  # as `serve`
+    else:
+        store = await SQLiteTapeStore.open(settings.database_path)
     client = None
     if http == "aiohttp":
         import openai
@@ -162,8 +179,11 @@ async def open_runtime(base_url: str, home: Path, concurrency: int, http: str = 
         )
     agent = Agent(settings, ModelClient(settings, client), default_registry())
     channel = RuntimeChannel()
-    runtime = Runtime(settings, store, agent, {channel.name: channel})
+    leases = store.leases("bench", settings.lease_seconds) if DATABASE["shared"] else None
+    runtime = Runtime(settings, store, agent, {channel.name: channel}, leases)
     channel.runtime = runtime
+    if leases is not None:
+        await runtime.start()  # the handover listener and the lease renewal
     model_calls = [0]
 
     def count(name: str, data: dict[str, Any]) -> None:
@@ -174,7 +194,7 @@ async def open_runtime(base_url: str, home: Path, concurrency: int, http: str = 
     return runtime, channel, store, model_calls
 
 
-async def close_runtime(runtime: Runtime, store: SQLiteTapeStore) -> None:
+async def close_runtime(runtime: Runtime, store: TapeStore) -> None:
     await runtime.shutdown(grace=5)
     await runtime.agent.model.close()
     await store.close()
@@ -291,7 +311,26 @@ async def main() -> None:
     )
     parser.add_argument("--profile", default="", help="cProfile the conversations into FILE")
     parser.add_argument("--replicas", help="e.g. 1,2,3: serve processes on one PostgreSQL db")
+    parser.add_argument("--postgres", action="store_true", help="tapes on a PostgreSQL server")
+    parser.add_argument(
+        "--shared-leases", action="store_true", help="with --postgres: leases in the database"
+    )
     args = parser.parse_args()
+    if args.postgres:
+        from tests.pg import PostgresCluster
+
+        cluster = PostgresCluster(durable=not os.environ.get("BENCH_PG_FAST")).start()
+        DATABASE.update(cluster=cluster, shared=args.shared_leases)
+        try:
+            await bench(args)
+        finally:
+            cluster.stop()
+        return
+    await bench(args)
+
+
+async def bench(args: argparse.Namespace) -> None:
+    """The measurements of `main` once the database is chosen."""
     if args.replicas:
         from replicas import run_replicas
 
@@ -309,6 +348,9 @@ async def main() -> None:
         print(
             f"fake model: {latency * 1000:.0f} ms per request, {where}; SDK transport {args.http}"
         )
+        if DATABASE["cluster"] is not None:
+            leases = "in the database" if DATABASE["shared"] else "local (one process)"
+            print(f"tapes on PostgreSQL (one process, leases {leases})")
         with tempfile.TemporaryDirectory() as tmp:
             res = await conversations(
                 model, Path(tmp) / "conv", n, m, args.http, args.profile, args.no_gc_tuning

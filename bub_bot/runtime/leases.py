@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..tape.entries import TapeEntry
 from ..tape.leases import LeaseKey, Leases, LocalLeases
 
 __all__ = ["Leadership", "LeaseKeeper", "LeaseKey", "Leases", "LocalLeases", "bounded"]
@@ -135,6 +136,12 @@ class LeaseKeeper:
         lapsed for another process's sweep)."""
         self._held.pop(key.tape, None)
         await self.leases.release(key, handover=handover, lapse=lapse)
+
+    async def give_back_reading(self, key: LeaseKey, after_id: int) -> list[TapeEntry] | None:
+        """Release the lease and read its tape's messages and events after `after_id`, in
+        one statement where the database allows (None: released, read it yourself)."""
+        self._held.pop(key.tape, None)
+        return await self.leases.release_reading(key, after_id)
 
     async def hand_over(self, key: LeaseKey) -> None:
         """Tell the others to look at a session whose lease we do not hold (a message stored

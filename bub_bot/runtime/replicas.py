@@ -132,17 +132,20 @@ class Replicas:
         replica stored while we held the lease is ours to answer."""
         session.leased = False
         try:
-            await self.keeper.give_back(key, handover=self.sessions.closing)
-            if self.sessions.closing:
-                return
-            if session.dirty:
-                return  # stored here meanwhile: the next worker takes the lease again
+            closing = self.sessions.closing
             # Our cursor is the tape's: nobody else moved it while we held the lease (if
             # another replica moves it from now on, at worst a worker looks once for nothing).
             cursor = session.cursor
-            if cursor is None:
+            if closing or session.dirty or cursor is None:
+                await self.keeper.give_back(key, handover=closing)
+                if closing or session.dirty:
+                    return  # dirty: stored here meanwhile, the next worker takes the lease
                 cursor = await read_cursor(session.tape)
-            items = await read_queue(session.tape, cursor)
+                items = await read_queue(session.tape, cursor)
+            else:
+                # The release and the read in one statement (see `Leases.release_reading`).
+                found = await self.keeper.give_back_reading(key, cursor)
+                items = found if found is not None else await read_queue(session.tape, cursor)
             if any(is_pending(e) for e in items) or unhandled_replies(items):
                 session.dirty = True
         except asyncio.CancelledError:

@@ -156,15 +156,19 @@ class TurnRunner:
                     session, turn_id, head, hold_back, channel_name, progress, messages[-1],
                     context,
                 )  # fmt: skip
-            if session.leased or session.dirty:
+            known = (items[-1].id or 0) if items else 0
+            saw_more = reply is None or seen is None or seen > known
+            if session.dirty or (session.leased and saw_more):
                 # Re-read what is pending now: messages that reached the model mid-turn (here,
                 # or on another replica) are covered by this answer.
                 items = await session.tape.query(
                     after_id=session.cursor or 0, kinds=["message", "event"]
                 )
             else:
-                # One process and nothing stored for the session since its queue was read:
-                # what is pending is what was (the reply and its records are no inbound).
+                # Nothing stored here since the queue was read, and the model saw nothing
+                # newer than it: what this answer covers is in what was read (a message
+                # another replica stored meanwhile is newer than what the model saw, so it
+                # starts the next turn either way; the read after the release finds it).
                 items = pending
             if reply is None:
                 through = head_through([e for e in items if is_pending(e)])

@@ -181,7 +181,7 @@ class SessionWorker:
 
     async def _step(self, session: Session, queue: Queue) -> bool | str:
         """Handle the first unfinished thing in the queue; False: there is none. "drained":
-        a turn that left nothing else to do (one process, nothing stored meanwhile)."""
+        a turn that left nothing else it knows of to do (nothing stored here meanwhile)."""
         items = queue.items
         if await self.recovery.finish_reply(session, items):
             return True
@@ -230,11 +230,16 @@ class SessionWorker:
         return True
 
     def _drained(self, session: Session, items: list[TapeEntry]) -> bool:
-        """After a turn: whether the queue is known to be empty without reading it again.
-        Only with one process on the database: everything stored for the session went
-        through this process's ingress, which marks it dirty; so when it is not, the queue
-        is what was read before the turn, and the turn handled all of it."""
-        if self.replicas.shared or session.dirty or session.cursor is None:
+        """After a turn: whether the worker may stop without reading its queue again.
+
+        One process on the database: everything stored for the session went through this
+        process's ingress, which marks it dirty; so when it is not, the queue is what was
+        read before the turn, and the turn handled all of it. With shared leases another
+        replica may have stored a message meanwhile (its claim failed: we held the lease),
+        but `Replicas.give_back` reads the queue once the lease is released, for exactly
+        that, and starts the worker again: a read before the release would only repeat it.
+        """
+        if session.dirty or session.cursor is None:
             return False
         cursor = session.cursor
         return not any(is_pending(e) and e.id > cursor for e in items)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .entries import TapeEntry
+
 MAX_BROADCAST = 7900
 """Bytes of a broadcast's topic and data together, as UTF-8 (PostgreSQL's NOTIFY takes a
 payload under 8000 bytes, and the notice wraps them)."""
@@ -66,6 +68,12 @@ class Leases(Protocol):
         leave it lapsed without a notice, for the sweep of a process that can do the work
         (this one runs no channel for it)."""
 
+    async def release_reading(self, key: LeaseKey, after_id: int) -> list[TapeEntry] | None:
+        """Give the lease up and read the messages and events on its tape after `after_id`
+        (what a holder looks at once it let go), as one statement where the database allows:
+        the read sees what another replica stored before the release, and a replica that
+        stores after it finds the lease free. None: released, nothing read (read it)."""
+
     async def lapsed(
         self, limit: int = 100, channels: Sequence[str] | None = None
     ) -> list[LeaseKey]:
@@ -108,6 +116,9 @@ class LocalLeases:
         return set()
 
     async def release(self, key: LeaseKey, *, handover: bool = False, lapse: bool = False) -> None:
+        return None
+
+    async def release_reading(self, key: LeaseKey, after_id: int) -> list[TapeEntry] | None:
         return None
 
     async def lapsed(

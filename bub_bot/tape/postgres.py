@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -36,22 +37,13 @@ from .names import archive_name
 from .postgres_leases import PostgresLeases
 from .postgres_usage import PostgresUsage
 from .query import POSTGRES, QuerySpec
+from .rows import Append, Copies, Reset, new_tag, row_entry
 from .schema import migrate_postgres
 from .statements import Statements
-from .store import (
-    Append,
-    Copies,
-    DedupeRecord,
-    Opening,
-    Reset,
-    StoreBase,
-    TapeStats,
-    TapeStoreError,
-    TapeSummary,
-    new_tag,
-    row_entry,
-)
+from .store import DedupeRecord, Opening, TapeStats, TapeStoreError, TapeSummary
+from .store_base import StoreBase
 from .urls import parse_database_url
+from .views import View, run_views_async
 
 T = TypeVar("T")
 
@@ -329,17 +321,17 @@ class PostgresTapeStore(Statements, PostgresUsage, StoreBase):
 
     async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
         async with self.pool.acquire() as conn:
-            start = spec.start_anchor
-            if start is None:
-                # The hot path (read_context): one statement, index lookups only.
-                sql, args = POSTGRES.entries(
-                    spec, spec.tape, spec.after_id, spec.before_id, by_name=True
-                )
-            else:
-                end = safe_text(spec.between[1]) if spec.between else None
-                found = await conn.fetchrow(POSTGRES.anchors(), spec.tape, safe_text(start), end)
-                sql, args = POSTGRES.entries(spec, *spec.anchored(found))
-            return [row_entry(*r) for r in await conn.fetch(sql, *args)]
+            return await _select(conn, spec)
+
+    async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
+        """Several queries of `tape` on one connection, one read-only REPEATABLE READ
+        transaction (one snapshot: the queue and the context agree), counted once."""
+        async with self.pool.acquire() as conn:
+            if len(views) < 2:
+                # One statement is one snapshot already: no BEGIN/COMMIT round trips.
+                return await run_views_async(tape, views, partial(_select, conn))
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                return await run_views_async(tape, views, partial(_select, conn))
 
     async def list_tapes(self, *, include_all: bool = False) -> list[TapeSummary]:
         """Live tapes, most recently active first (sidecars and archives only with include_all)."""
@@ -359,6 +351,19 @@ class PostgresTapeStore(Statements, PostgresUsage, StoreBase):
 
 
 # -- SQL helpers --------------------------------------------------------------------------------
+async def _select(conn: asyncpg.Connection, spec: QuerySpec) -> list[TapeEntry]:
+    """The entries `spec` selects, read on `conn`."""
+    start = spec.start_anchor
+    if start is None:
+        # The hot path (read_context): one statement, index lookups only.
+        sql, args = POSTGRES.entries(spec, spec.tape, spec.after_id, spec.before_id, by_name=True)
+    else:
+        end = safe_text(spec.between[1]) if spec.between else None
+        found = await conn.fetchrow(POSTGRES.anchors(), spec.tape, safe_text(start), end)
+        sql, args = POSTGRES.entries(spec, *spec.anchored(found))
+    return [row_entry(*r) for r in await conn.fetch(sql, *args)]
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Pool reset without asyncpg's `RESET ALL; UNLISTEN *; …` round trip on every release.
 

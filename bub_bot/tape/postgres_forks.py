@@ -14,7 +14,7 @@ import asyncpg
 
 from .forks import ForkError, ForkPoint, Merged, merge_events, sidecar_suffix
 from .names import SIDECAR_SEP, fork_name, tape_role
-from .store import entry_row
+from .rows import entry_row
 
 _TAPE = (
     "INSERT INTO bub_tapes (name, role, session_id, created, updated, parent, base, last_id)"

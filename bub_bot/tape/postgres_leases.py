@@ -7,7 +7,8 @@ One row per held lease: (key, session_id, owner, expires). Every time is the dat
   replicas racing for a free key serialise on the primary key and exactly one gets it.
 - renew: one UPDATE for every key this process holds; the keys it did not return are lost
   (someone took them over after they lapsed).
-- release: DELETE where the owner is us. A handover instead leaves the row lapsed with no
+- release: DELETE where the owner is us (`release_reading`: in the statement that reads the
+  session's queue, which a holder looks at once more after letting go). A handover instead leaves the row lapsed with no
   owner and sends NOTIFY: the others take it at once, and if the notice is lost (a listener
   reconnecting) their sweep still finds the lapsed row.
 - lapsed: session rows past their expiry, oldest first, bounded; next_lapse: when the next
@@ -35,7 +36,10 @@ from typing import Any
 
 import asyncpg
 
+from .entries import TapeEntry
 from .leases import MAX_BROADCAST, LeaseKey
+from .query import POSTGRES, QuerySpec
+from .rows import row_entry
 
 log = logging.getLogger("bub_bot.leases")
 
@@ -173,6 +177,22 @@ class PostgresLeases:
             await conn.execute(
                 _HANDOVER, key.tape, key.session_id or None, self.owner, channel, payload
             )
+
+    async def release_reading(self, key: LeaseKey, after_id: int) -> list[TapeEntry] | None:
+        # One statement: the DELETE commits with the read. A replica storing a message
+        # meanwhile either committed it before this statement's snapshot (read here) or
+        # claims after it: its upsert waits for the row this DELETE locked, then finds the
+        # lease free and takes it (so it answers).
+        spec = QuerySpec.build(key.tape, after_id=after_id, kinds=["message", "event"])
+        select, args = POSTGRES.entries(spec, spec.tape, spec.after_id, None, by_name=True)
+        n = len(args)
+        sql = (
+            f"WITH released AS (DELETE FROM bub_leases WHERE key = ${n + 1} AND owner = ${n + 2})"
+            f" {select}"
+        )
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(sql, *args, key.tape, self.owner)
+        return [row_entry(*r) for r in rows]
 
     async def lapsed(
         self, limit: int = 100, channels: Sequence[str] | None = None

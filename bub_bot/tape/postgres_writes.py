@@ -16,7 +16,7 @@ from .names import SIDECAR_SEP, tape_role
 from .postgres_leases import WAITING
 from .postgres_usage import USAGE_UPSERT, add_usage, usage_columns
 from .query import POSTGRES
-from .store import (
+from .rows import (
     Append,
     Copies,
     Reset,

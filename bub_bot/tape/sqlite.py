@@ -21,24 +21,13 @@ from .forks import ForkPoint, Merged
 from .jobs import Decide, Fired, JobRow
 from .names import archive_name
 from .query import SQLITE, QuerySpec
+from .rows import Append, Copies, Reset, new_tag, row_entry
 from .schema import SQLITE_VERSION, migrate_sqlite
 from .sqlite_usage import SQLiteUsage
 from .statements import Statements
-from .store import (
-    Append,
-    Copies,
-    DedupeRecord,
-    Opening,
-    Reset,
-    StoreBase,
-    TapeStats,
-    TapeStoreError,
-    TapeSummary,
-    View,
-    new_tag,
-    row_entry,
-    run_views,
-)
+from .store import DedupeRecord, Opening, TapeStats, TapeStoreError, TapeSummary
+from .store_base import StoreBase
+from .views import View, run_views
 
 T = TypeVar("T")
 

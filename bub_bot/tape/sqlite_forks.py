@@ -7,7 +7,7 @@ import sqlite3
 
 from .forks import ForkError, ForkPoint, Merged, merge_events, sidecar_suffix
 from .names import SIDECAR_SEP, fork_name, tape_role
-from .store import entry_row
+from .rows import entry_row
 
 INSERT = (
     "INSERT INTO entries (tape, id, kind, name, payload, meta, date) VALUES (?, ?, ?, ?, ?, ?, ?)"

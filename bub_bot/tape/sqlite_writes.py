@@ -13,11 +13,9 @@ from .forks import lifecycle_events
 from .jobs import COLUMNS, Decide, Fired, JobRow, row_job
 from .names import SIDECAR_SEP, tape_role
 from .query import SQLITE
-from .sqlite_usage import add_usage
-from .store import (
+from .rows import (
     Append,
     Copies,
-    DedupeRecord,
     Reset,
     check_copy_ids,
     entry_row,
@@ -26,6 +24,8 @@ from .store import (
     is_inbound,
     with_ids,
 )
+from .sqlite_usage import add_usage
+from .store import DedupeRecord
 
 
 def tape_row(

@@ -1,4 +1,8 @@
-"""The tape store interface: what every store (SQLite, PostgreSQL) offers, and shared parts.
+"""The tape store interface: what every store (SQLite, PostgreSQL) offers, and its result types.
+
+The parts the stores share live beside it: `views` (the reads of `query_many`), `rows`
+(entries as stored rows and the write plans a store runs), `store_base` (the operations
+written once in terms of the others).
 
 Code above the tape layer types against `TapeStore` and opens a store with `open_store`; it
 never knows which database it talks to. Both stores keep the same promises: dense 1-based
@@ -9,23 +13,17 @@ finds any script, and exact round trips of payload, meta and date.
 
 from __future__ import annotations
 
-import json
-import logging
-import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from .entries import PayloadError, TapeEntry, dumps, safe_text, utc_now
+from .entries import TapeEntry
 from .forks import ForkPoint, Merged
-from .jobs import Decide, Fired, Firing, Job
-from .leases import Leases, LocalLeases
-from .names import FORK_SEP, archive_name
-from .query import QuerySpec
+from .jobs import Decide, Fired, Job
+from .leases import Leases
 from .usage import Counting, UsageAdd, UsageRow
-
-log = logging.getLogger("bub_bot.tape")
+from .views import View
 
 
 class TapeStoreError(RuntimeError):
@@ -67,10 +65,6 @@ class DedupeRecord:
 
 # `first(archive_name)` gives the entries a tape starts with after a reset.
 FirstEntries = Callable[[str | None], Sequence[TapeEntry]]
-
-View = Mapping[str, Any] | Callable[[list[list[TapeEntry]]], Mapping[str, Any] | None]
-"""One query of `query_many`: filters as for `query`, or a function of the results before it
-that gives them (None: no query, an empty result)."""
 
 
 class TapeStore(Protocol):
@@ -173,8 +167,9 @@ class TapeStore(Protocol):
         """Entries of `tape` matching every filter given (see `QuerySpec`)."""
 
     async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
-        """Several queries of `tape` as one round of work (one trip to SQLite's thread, one
-        consistent read), in order: a view that is a function sees the results before it."""
+        """Several queries of `tape` as one round of work and one consistent read (one trip
+        to SQLite's thread; one read-only REPEATABLE READ transaction on one PostgreSQL
+        connection), in order: a view that is a function sees the results before it."""
 
     async def read_context(self, tape: str) -> list[TapeEntry]:
         """The default view: entries strictly after the last anchor."""
@@ -316,291 +311,3 @@ class Opening(Generic[S]):
     async def __aexit__(self, *exc: object) -> None:
         if self._store is not None:
             await self._store.close()  # type: ignore[attr-defined]
-
-
-# -- shared by the stores --------------------------------------------------------------------
-Row = tuple[str, str | None, str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Append:
-    """One append transaction as a store runs it: the rows, checked and encoded; the dedupe
-    keys, sorted (two transactions recording the same keys take them in the same order).
-    The store returns the rows' ids, or None when it refused: a dedupe key was recorded
-    already, or `if_no_anchor` and the tape has an anchor."""
-
-    tape: str
-    rows: list[Row]
-    dedupe_keys: list[str]
-    if_no_anchor: bool
-    bootstrap: Row | None
-    session_id: str | None
-    adds: list[UsageAdd] = field(default_factory=list)
-    """Counters added in the same transaction, each (key, window) once, sorted."""
-    decide: Callable[[dict[tuple[str, str], int]], list[Row] | None] | None = None
-    """Given the counters' `messages` after the adds, rows to write instead (None: `rows`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reset:
-    """One reset transaction: `rows(archive name or None)` starts the fresh tape; the store
-    archives under `archived` (None: deletes) and returns the archive name, None when the
-    tape was never written."""
-
-    tape: str
-    archived: str | None
-    rows: Callable[[str | None], list[Row]]
-    carry_inbound_after: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Copies:
-    """One copy transaction: `rows` (of `entries`) keep their ids and dates."""
-
-    tape: str
-    entries: list[TapeEntry]
-    rows: list[Row]
-    session_id: str | None
-    updated: str
-
-
-def entry_row(e: TapeEntry) -> Row:
-    """An entry as a stored row (kind, name, payload, meta, date); fails before any write."""
-    name = e.name
-    return (
-        e.kind,
-        safe_text(name) if isinstance(name, str) else None,
-        dumps(e.payload, "payload"),
-        dumps(e.meta, "meta"),
-        e.date,
-    )
-
-
-def row_entry(id_: int, kind: str, payload: str, meta: str, date_: str) -> TapeEntry:
-    """A stored row back as an entry."""
-    return TapeEntry(kind, json.loads(payload), json.loads(meta), date_, id_)
-
-
-def is_inbound(meta: str) -> bool:
-    """Whether stored meta marks an inbound message as it arrived (carried over a reset); a
-    copy made after an anchor was answered already (older tapes marked copies inbound too)."""
-    # Stored meta is compact JSON, so the key reads `"inbound":`; cheap test first.
-    if '"inbound":' not in meta:
-        return False
-    parsed = json.loads(meta)
-    value = parsed.get("inbound")
-    return (value is True or value == 1) and "copy_of" not in parsed
-
-
-class StoreBase:
-    """What both stores share: the operations written in terms of the others."""
-
-    kind: str
-    location: str
-    schema_version: int
-    transactions: int = 0
-    """See `TapeStore.transactions`; each store adds one per round of work it runs."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    def leases(self, owner: str, seconds: float) -> Leases:
-        """One process on this database: every lease is granted (see TapeStore)."""
-        return LocalLeases()
-
-    async def append_many(
-        self,
-        tape: str,
-        entries: Iterable[TapeEntry],
-        *,
-        dedupe_keys: Sequence[str] = (),
-        if_no_anchor: bool = False,
-        bootstrap: TapeEntry | None = None,
-        session_id: str | None = None,
-        usage: Counting | None = None,
-    ) -> list[TapeEntry] | None:
-        """Append entries in one transaction and return them with their ids (see TapeStore)."""
-        entries = list(entries)
-        chosen = entries
-        decide = None
-        if usage is not None and usage.decide is not None:
-            ask = usage.decide
-
-            def decide(found: dict[tuple[str, str], int]) -> list[Row] | None:
-                nonlocal chosen
-                replaced = ask(usage.counts(found))
-                if replaced is None:
-                    return None
-                chosen = list(replaced)
-                return [entry_row(e) for e in chosen]
-
-        ids = await self._append(
-            Append(
-                tape,
-                [entry_row(e) for e in entries],
-                sorted({safe_text(k) for k in dedupe_keys}),
-                if_no_anchor,
-                entry_row(bootstrap) if bootstrap else None,
-                safe_text(session_id) if session_id else None,
-                usage.sorted_adds() if usage is not None else [],
-                decide,
-            )
-        )
-        return None if ids is None else with_ids(chosen, ids)
-
-    async def _append(self, append: Append) -> list[int] | None:
-        """The store's append transaction (see `Append`)."""
-        raise NotImplementedError
-
-    async def append_copies(
-        self,
-        tape: str,
-        entries: Sequence[TapeEntry],
-        *,
-        session_id: str | None = None,
-        updated: str | None = None,
-    ) -> int:
-        """Write entries copied from another store, ids and dates as they are (see TapeStore)."""
-        entries = list(entries)
-        await self._append_copies(
-            Copies(
-                tape,
-                entries,
-                [entry_row(e) for e in entries],
-                safe_text(session_id) if session_id else None,
-                updated or utc_now(),
-            )
-        )
-        return len(entries)
-
-    async def _append_copies(self, copies: Copies) -> None:
-        """The store's copy transaction (see `Copies`)."""
-        raise NotImplementedError
-
-    async def reset(
-        self,
-        tape: str,
-        *,
-        archive: bool = True,
-        first: FirstEntries | None = None,
-        carry_inbound_after: int | None = None,
-    ) -> str | None:
-        """Clear `tape` and its sidecars in one transaction; returns the archive name (see
-        TapeStore). Archiving renames tape rows: O(1) in the entries."""
-
-        def rows(archived: str | None) -> list[Row]:
-            return [entry_row(e) for e in (first(archived) if first else ())]
-
-        name = archive_name(tape) if archive else None
-        return await self._reset(Reset(tape, name, rows, carry_inbound_after))
-
-    async def _reset(self, reset: Reset) -> str | None:
-        """The store's reset transaction (see `Reset`)."""
-        raise NotImplementedError
-
-    async def _select(self, spec: QuerySpec) -> list[TapeEntry]:
-        raise NotImplementedError
-
-    async def append(self, tape: str, entry: TapeEntry) -> TapeEntry:
-        """Append one entry; returns it with its id and date."""
-        written = await self.append_many(tape, [entry])
-        assert written is not None
-        return written[0]
-
-    async def archive(self, tape: str) -> str:
-        """Move `tape` and its sidecars under an archive name; the live tape starts empty."""
-        archived = await self.reset(tape, archive=True)
-        if archived is None:
-            raise TapeStoreError(f"tape {tape!r} was never written: nothing to archive")
-        return archived
-
-    async def get(self, tape: str, entry_id: int) -> TapeEntry | None:
-        """One entry by id."""
-        found = await self.query(tape, after_id=entry_id - 1, limit=1)
-        return found[0] if found and found[0].id == entry_id else None
-
-    async def query(self, tape: str, **filters: Any) -> list[TapeEntry]:
-        """Entries of `tape` matching every filter given, oldest first unless `newest_first`
-        (filters: see `QuerySpec`)."""
-        return await self._select(QuerySpec.build(tape, **filters))
-
-    async def read_context(self, tape: str) -> list[TapeEntry]:
-        """The default view: entries strictly after the last anchor (index lookups only)."""
-        return await self._select(QuerySpec(tape, after_last_anchor=True))
-
-    async def query_many(self, tape: str, views: Sequence[View]) -> list[list[TapeEntry]]:
-        """Several queries of `tape` in order, as one round of work where the store can
-        (see TapeStore); here: one after the other."""
-        results: list[list[TapeEntry]] = []
-        for view in views:
-            filters = view(results) if callable(view) else view
-            found = [] if filters is None else await self.query(tape, **filters)
-            results.append(found)
-        return results
-
-
-def run_views(
-    tape: str, views: Sequence[View], select: Callable[[QuerySpec], list[TapeEntry]]
-) -> list[list[TapeEntry]]:
-    """`query_many` for a store that reads synchronously (SQLite's thread): `select` each."""
-    results: list[list[TapeEntry]] = []
-    for view in views:
-        filters = view(results) if callable(view) else view
-        results.append([] if filters is None else select(QuerySpec.build(tape, **filters)))
-    return results
-
-
-def firing_append(job: Job, firing: Firing) -> Append | None:
-    """The append a firing writes on its job's tape (None: it writes nothing, or its entry
-    cannot be stored: the job moves on without it rather than block every later one)."""
-    if firing.entry is None:
-        return None
-    try:
-        return Append(
-            job.tape,
-            [entry_row(firing.entry)],
-            sorted({safe_text(k) for k in firing.keys}),
-            False,
-            entry_row(firing.bootstrap) if firing.bootstrap else None,
-            safe_text(job.session_id),
-        )
-    except PayloadError as exc:
-        log.error("job.unstorable job=%s session=%s: %s", job.id, job.session_id, exc)
-        return None
-
-
-def new_tag() -> str:
-    """A fresh fork tag."""
-    return uuid.uuid4().hex[:12]
-
-
-def with_ids(entries: Sequence[TapeEntry], ids: Sequence[int]) -> list[TapeEntry]:
-    """`entries` as written, carrying the ids the store gave them."""
-    return [
-        TapeEntry(e.kind, e.payload, e.meta, e.date, i) for e, i in zip(entries, ids, strict=True)
-    ]
-
-
-def fork_base(tape: str, entries: Sequence[TapeEntry]) -> int:
-    """Where a copied fork's (or archived fork's) own entries start from: its fork point
-    (0: `tape` is no fork, or the copy does not start it)."""
-    if FORK_SEP not in tape or not entries or entries[0].id is None:
-        return 0
-    return max(entries[0].id - 1, 0)
-
-
-def check_copy_ids(tape: str, entries: Sequence[TapeEntry], last_id: int) -> None:
-    """Copied entries must continue `tape` densely after `last_id`."""
-    expected = list(range(last_id + 1, last_id + 1 + len(entries)))
-    if [e.id for e in entries] != expected:
-        got = [e.id for e in entries[:3]]
-        raise TapeStoreError(
-            f"tape {tape}: copied entries must continue at id {last_id + 1} without gaps"
-            f" (got {got}…)"
-        )

@@ -13,8 +13,9 @@ from .entries import TapeEntry
 from .forks import ForkPoint, Merged
 from .names import sidecar_name, tape_name
 from .query import AnchorNotFound
-from .store import TapeStore, View
+from .store import TapeStore
 from .usage import Counting
+from .views import View
 
 BOOTSTRAP_ANCHOR = "session/start"
 

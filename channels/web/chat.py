@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable
 from html import escape
 from typing import Any
@@ -61,6 +62,8 @@ CONVERSATION_RE = re.compile(r"[A-Za-z0-9_-]{6,64}")
 CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MAX_TEXT = 100_000
 KEEPALIVE_SECONDS = 15.0
+COALESCE_SECONDS = 0.002
+"""How long an event stream waits after a wake-up for more of the same moment's news."""
 LIST_LIMIT = 100
 COMMANDS_HINT = (
     "Commands: /handoff [summary], /reset, /status, /anchors, /tools, /skills, /schedules,"
@@ -374,55 +377,69 @@ class ChatRoutes:
                 if cursor is None:
                     snap = await snapshot(store, name)
                     cursor = snap.cursor
-                    await response.write(_sync(snap))
+                    new = _sync(snap)
                 else:
-                    cursor = await self._send_new(response, store, name, cursor)
+                    cursor, new = await _new_entries(store, name, cursor)
                 working = hub.busy(conversation)
-                await response.write(_sse("working", {"working": working}))
-                await _send_partial(response, sub)
+                opening = [new, _sse("working", {"working": working}), _partial_event(hub, sub)]
+                await response.write(b"".join(opening))
                 while not hub.closed:
                     idle = False
                     try:
-                        await asyncio.wait_for(sub.wake.wait(), KEEPALIVE_SECONDS)
+                        async with asyncio.timeout(KEEPALIVE_SECONDS):
+                            await sub.wake.wait()
                     except TimeoutError:
                         # Keeps proxies from closing an idle stream, finds a gone client, and
                         # picks up writes nobody told this process about (a lost broadcast).
                         idle = True
-                        await response.write(b": keepalive\n\n")
+                    else:
+                        # What happens in the same moment (an answer stored, its partial taken
+                        # away, the turn ending) goes out as one write, not one per wake-up.
+                        await asyncio.sleep(COALESCE_SECONDS)
                     sub.wake.clear()
                     if hub.closed:
                         break
+                    out = [b": keepalive\n\n"] if idle else []
                     if sub.changed or idle:
                         sub.changed = False
-                        cursor = await self._send_new(response, store, name, cursor)
+                        cursor, new = await _new_entries(store, name, cursor)
+                        out.append(new)
                     # After the entries: a final answer replaces its partial without a gap.
-                    await _send_partial(response, sub)
+                    out.append(_partial_event(hub, sub))
                     now = hub.busy(conversation)
                     if now != working:
                         working = now
-                        await response.write(_sse("working", {"working": working}))
+                        out.append(_sse("working", {"working": working}))
+                    data = b"".join(out)
+                    if data:
+                        await response.write(data)
         except (ConnectionResetError, ConnectionError):
             pass  # the page went away
         return response
 
-    async def _send_new(
-        self, response: web.StreamResponse, store: Any, name: str, cursor: Cursor
-    ) -> Cursor:
-        new_cursor, items, fresh = await tail(store, name, cursor)
-        if fresh is not None:
-            await response.write(_sync(fresh))
-        elif items or new_cursor != cursor:
-            await response.write(
-                _sse("entries", {"cursor": str(new_cursor), "items": items}, str(new_cursor))
-            )
-        return new_cursor
+
+async def _new_entries(store: Any, name: str, cursor: Cursor) -> tuple[Cursor, bytes]:
+    """The entries after `cursor` as an `entries` event (a `sync` after a reset), b"" when
+    there are none; with the new cursor."""
+    new_cursor, items, fresh = await tail(store, name, cursor)
+    if fresh is not None:
+        return new_cursor, _sync(fresh)
+    if items or new_cursor != cursor:
+        data = {"cursor": str(new_cursor), "items": items}
+        return new_cursor, _sse("entries", data, str(new_cursor))
+    return new_cursor, b""
 
 
-async def _send_partial(response: web.StreamResponse, sub: Subscription) -> None:
-    """The newest state of the answer being written, if this page has not had it yet."""
+def _partial_event(hub: Hub, sub: Subscription) -> bytes:
+    """The newest state of the answer being written, if this page has not had it yet (b""
+    if it has). Its cost (rendering, encoding) is charged to the hub's partial budget."""
     partial, sub.partial = sub.partial, None
-    if partial is not None:
-        await response.write(_sse("partial", partial.payload()))
+    if partial is None:
+        return b""
+    started = time.perf_counter()
+    data = _sse("partial", partial.payload())
+    hub.charge(time.perf_counter() - started)
+    return data
 
 
 def _sync(snap: Any) -> bytes:

@@ -22,6 +22,13 @@ REMOTE_WORKING_SECONDS = 90.0
 does every third of this while the turn runs): a replica that died mid-turn leaves no working
 indicator behind for longer."""
 
+PARTIAL_SHARE = 0.1
+"""At most about this share of the server's time goes to partial answers (rendering and
+encoding their events), across all conversations: under load they thin out (fewer, larger
+steps) before finished answers wait. A reply's first text always goes."""
+PARTIAL_BURST = 0.02
+"""Seconds of that work the budget lets run ahead of its share (a burst of updates)."""
+
 
 class Subscription:
     """One open event stream of a conversation."""
@@ -46,6 +53,10 @@ class Hub:
         self._remote: dict[str, tuple[str | None, float]] = {}
         """Conversations whose turn runs on another replica -> (that turn, until when)."""
         self.closed = False
+        self._spent = 0.0
+        """Seconds spent on partial answers not yet paid back by `PARTIAL_SHARE` (a leaky
+        bucket that drains at that rate), as of `_spent_at` (monotonic)."""
+        self._spent_at = 0.0
 
     @contextlib.contextmanager
     def subscribe(self, conversation: str) -> Iterator[Subscription]:
@@ -84,6 +95,19 @@ class Hub:
         for sub in self._subs.get(conversation, ()):
             sub.partial = partial
             sub.wake.set()
+
+    def charge(self, seconds: float) -> None:
+        """`seconds` of this process's time went to a partial answer (see `PARTIAL_SHARE`)."""
+        now = time.monotonic()
+        self._spent = self._owed(now) + seconds
+        self._spent_at = now
+
+    def _owed(self, now: float) -> float:
+        return max(0.0, self._spent - (now - self._spent_at) * PARTIAL_SHARE)
+
+    def partials_welcome(self) -> bool:
+        """Whether another partial answer fits the budget now (False: hold it back)."""
+        return self._owed(time.monotonic()) <= PARTIAL_BURST
 
     def partial(self, conversation: str) -> Partial | None:
         """The answer being written in this conversation now, if any."""

@@ -28,7 +28,8 @@ from .relay import Relay
 INTERVAL = 0.1
 """Seconds between two partial updates of one conversation by default: an update is one small
 SSE event on a connection that is open anyway, so the limit is the server's rendering work
-(`BUB_STREAM_INTERVAL_MS` overrides it)."""
+(`BUB_STREAM_INTERVAL_MS` overrides it); with many answers written at once the hub's budget
+(`hub.PARTIAL_SHARE`) spaces them further."""
 RENDER_SHARE = 0.05
 """At most this share of the server's time renders one conversation's growing answer: the
 whole text is rendered again for each update (about 0.7 ms per KB), so a long answer is
@@ -64,6 +65,8 @@ class WebStream:
         self._last: tuple[str, str] = ("", "")
         self._partial = CLEARED
         self._at = 0.0
+        self._texts = 0
+        """Texts of this reply shown so far (its first goes whatever the hub's budget)."""
         self._trailing: asyncio.Task[None] | None = None
         """Relays the newest text once the interval is over (a throttled text is late, never
         lost)."""
@@ -100,7 +103,12 @@ class WebStream:
     async def update(self, text: str) -> bool:
         if time.monotonic() - self._at < self._partial.cost / RENDER_SHARE:
             return False  # rendering the last one took long: the runtime offers it again
+        if self._texts and not self.hub.partials_welcome():
+            # The server is busy with many answers: this one's first text went, the next
+            # waits (a later, longer one replaces it) and the final answer comes anyway.
+            return False
         await self._show(text=tidy(text))
+        self._texts += 1
         return True
 
     async def status(self, text: str) -> None:

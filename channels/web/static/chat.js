@@ -172,13 +172,16 @@
     source.addEventListener("sync", (e) => {
       const data = JSON.parse(e.data);
       replaceAll(data.items, data.truncated);
+      // After a /reset the row's title changes with the next message: read it then.
+      const current = list.querySelector("a.current");
+      if (current) delete current.dataset.titled;
     });
     source.addEventListener("entries", (e) => {
       const data = JSON.parse(e.data);
       data.items.forEach(addItem);
       if (data.items.length) {
         scrollDown();
-        refreshCurrent();
+        touchCurrent(data.items[data.items.length - 1].date);
       }
     });
     source.addEventListener("working", (e) => {
@@ -265,6 +268,8 @@
   function showRow(link, c) {
     link.href = `#${c.id}`;
     link.textContent = c.title;
+    // A title from a user's message stays until a /reset (see touchCurrent).
+    if (!c.title.startsWith("(")) link.dataset.titled = "1";
     link.title = `last activity ${c.updated.slice(0, 19).replace("T", " ")} UTC`;
   }
 
@@ -292,6 +297,19 @@
       list.prepend(link);
     }
     return data;
+  }
+
+  // New entries change this conversation's row only, and once it has its title only its
+  // date: that is the newest item's, and the row moves to the top without a request. A row
+  // without a title yet (a new conversation, or just /reset) is read from the server.
+  function touchCurrent(date) {
+    const link = list.querySelector("a.current");
+    if (!link || !link.dataset.titled) {
+      refreshCurrent();
+      return;
+    }
+    link.title = `last activity ${date.slice(0, 19).replace("T", " ")} UTC`;
+    list.prepend(link);
   }
 
   async function refreshCurrent() {
