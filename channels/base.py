@@ -6,7 +6,9 @@ acknowledge the platform (HTTP 200, Socket Mode ack, next polling offset).
 
 Outbound: the runtime asks the channel to `split` the model's text into platform-sized
 pieces and `send`s them one by one, recording each piece it delivered, so a restart resumes
-delivery at the first piece not yet sent.
+delivery at the first piece not yet sent. A channel says when a request that may post the
+piece leaves (`request_leaving`, channels/sending.py): a send cancelled after that is never
+sent again, one cancelled while it waited for its turn is.
 
 Streaming (optional, `Streams`): a channel that can show a reply while the model writes it
 gets a `ReplyStream` per reply. The runtime hands it the text so far (throttled per
@@ -23,6 +25,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+# Re-exported: part of the contract (see channels/sending.py).
+from .sending import SendState, request_leaving, request_refused, watch_send  # noqa: F401
 
 
 @dataclass(frozen=True, slots=True)

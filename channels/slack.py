@@ -113,7 +113,7 @@ class SlackChannel:
         self.outbox = SlackOutbox(settings, self.client)
         self.messages = SlackInbound(self.name, settings, self.client, self.send)
         """Events -> `Inbound`: what is for us, who may talk (channels/slack_inbound.py)."""
-        self.recalls = SlackRecall(self.client)
+        self.recalls = SlackRecall(self.client, lambda: (self.bot_id, self.bot_user_id))
         """Finds a piece posted before its delivery was recorded (`channels.base.Recalls`)."""
         self.approvals = SlackApprovals(self.outbox, lambda: self.team_id)
         """Approval requests with Block Kit buttons (channels/slack_approvals.py)."""

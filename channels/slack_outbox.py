@@ -23,7 +23,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bub_bot.config import Settings
 
-from .base import DeliveryError, DeliveryUnknown
+from .base import DeliveryError, DeliveryUnknown, request_leaving, request_refused
 from .pacing import Dropped, Pacer, Rate
 from .slack_format import format_and_split
 from .slack_stream import NativeStreams, SlackStream
@@ -100,17 +100,21 @@ class SlackOutbox:
         if url:
             hook = AsyncWebhookClient(url, retry_handlers=[])
             for attempt in range(MAX_RATE_LIMIT_WAITS + 1):
+                request_leaving()
                 try:
                     answer = await hook.send(
                         text=piece, response_type="ephemeral", replace_original=False
                     )
                 except aiohttp.ClientConnectorError as exc:
+                    request_refused()
                     log.warning("slack.response_url unreachable: %s", exc)
                     break
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise DeliveryUnknown(f"response_url: connection lost: {exc}") from exc
                 if answer.status_code == 200:
                     return []
+                if answer.status_code < 500:
+                    request_refused()  # answered: nothing posted
                 if answer.status_code == 429 and attempt < MAX_RATE_LIMIT_WAITS:
                     await asyncio.sleep(_retry_after(answer.headers))
                     continue
@@ -133,6 +137,7 @@ class SlackOutbox:
         while True:
             try:
                 async with pacer.turn(str(params.get("channel") or ""), partial=partial):
+                    request_leaving()  # from here Slack may have it (channels.base.watch_send)
                     try:
                         response = await self.client.api_call(method, json=params)
                     except SlackApiError as exc:
@@ -144,6 +149,8 @@ class SlackOutbox:
             except SlackApiError as exc:
                 status = exc.response.status_code
                 error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+                if status < 500:
+                    request_refused()  # Slack answered (a 429, a 4xx): it posted nothing
                 if status == 429 and partial is not None:
                     raise Dropped from None  # not shown; the next update brings newer text
                 if status == 429 and waits < MAX_RATE_LIMIT_WAITS:
@@ -156,6 +163,7 @@ class SlackOutbox:
                 raise DeliveryError(f"{method}: {error or f'HTTP {status}'}") from exc
             except aiohttp.ClientConnectorError as exc:
                 # The connection was never made: nothing was posted, trying again is safe.
+                request_refused()
                 if connect_failures < CONNECT_RETRIES:
                     connect_failures += 1
                     await asyncio.sleep(0.5 * connect_failures)

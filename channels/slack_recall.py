@@ -12,12 +12,14 @@ workspace for internal apps; Marketplace-less commercially distributed apps get 
 see PLATFORM_NOTES): the lookups are paced to `RATE` for the whole bot, and a lookup that Slack
 refuses or that fails counts as "could not be asked" (the piece is posted again: at least once,
 as before). A lookup happens only on a resume after an outage or a crash, never on the way of
-a plain answer.
+a plain answer. Only the bot's own messages count (its `bot_id`, or its bot user): anyone in
+the thread could post a message carrying a key, and the piece would then never be posted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
@@ -41,8 +43,12 @@ def metadata(key: str) -> dict[str, Any]:
 class SlackRecall:
     """Finds a posted piece by its delivery key, paced under the methods' limit."""
 
-    def __init__(self, client: AsyncWebClient, rate: str = RATE) -> None:
+    def __init__(
+        self, client: AsyncWebClient, me: Callable[[], tuple[str, str]], rate: str = RATE
+    ) -> None:
         self.client = client
+        self.me = me
+        """The bot's (`bot_id`, bot user id), known once the channel started."""
         self.pacer = Pacer(overall=Rate.parse(rate), name="slack.recall")
 
     async def find(self, target: dict[str, Any], key: str) -> list[str] | None:
@@ -68,7 +74,13 @@ class SlackRecall:
         except Exception as exc:
             log.warning("slack.recall_failed channel=%s: %s", channel, exc)
             return None
+        bot_id, bot_user = self.me()
         for message in answer.get("messages") or []:
+            by_us = (bot_id and message.get("bot_id") == bot_id) or (
+                bot_user and message.get("user") == bot_user
+            )
+            if not by_us:
+                continue  # a key in someone else's message proves nothing
             found = message.get("metadata") or {}
             payload = found.get("event_payload") or {}
             if found.get("event_type") == EVENT_TYPE and payload.get("key") == key:

@@ -50,7 +50,7 @@ from aiogram.types import ReplyParameters
 
 from bub_bot.config import Settings
 
-from .base import DeliveryError, DeliveryUnknown
+from .base import DeliveryError, DeliveryUnknown, request_leaving, request_refused
 from .pacing import Dropped, Pacer, Rate
 from .telegram_format import LIMIT, html_to_text, split_markdown
 
@@ -136,11 +136,20 @@ class TelegramOutbox:
         if (paused := self.pacer.paused_for(chat_id)) > MAX_RETRY_AFTER:
             raise DeliveryError(f"flood control: Telegram asked to wait {paused:.0f} s more")
         async with self.pacer.turn(chat_id, group=chat_id < 0, partial=partial):
+            request_leaving()  # from here Telegram may have it (channels.base.watch_send)
             try:
                 async with self._api() as bot:
                     return await request(bot)
             except TelegramRetryAfter as exc:
+                request_refused()
                 self.pacer.flood(chat_id, exc.retry_after)
+                raise
+            except (TelegramNetworkError, TelegramServerError) as exc:
+                if isinstance(exc.__cause__, aiohttp.ClientConnectorError):
+                    request_refused()  # never connected: Telegram cannot have it
+                raise
+            except TelegramAPIError:
+                request_refused()  # Telegram answered: it posted nothing
                 raise
 
     async def send(

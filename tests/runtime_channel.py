@@ -26,7 +26,15 @@ import pytest
 
 from bub_bot.runtime import Runtime
 from bub_bot.tape import SQLiteTapeStore, Tape, TapeEntry
-from channels.base import DeliveryError, DeliveryUnknown, Inbound, Received, RuntimeLike, Sender
+from channels.base import (
+    DeliveryError,
+    DeliveryUnknown,
+    Inbound,
+    Received,
+    RuntimeLike,
+    Sender,
+    request_leaving,
+)
 from tests.fakes.openai_server import FakeOpenAI
 
 
@@ -160,6 +168,7 @@ class RuntimeChannel:
             failure = self._failures.popleft()
             if failure is not None:
                 raise failure
+        request_leaving()  # shown now: a send cancelled from here on may be out
         ids = (f"p{next(self._ids)}",)
         record = SentPiece(chat, piece, ids)
         self.sent[chat].append(record)

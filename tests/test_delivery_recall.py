@@ -96,3 +96,25 @@ async def test_piece_not_in_the_thread_is_posted_once(
 async def _done(tape: Any) -> None:
     while not await tape.query(kinds=["event"], names=["inbound.done"]):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
+
+
+async def test_a_key_in_someone_elses_message_is_not_taken_for_the_piece(
+    start_bot: StartBot, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """A user's message carrying the piece's delivery key (forged) is not the bot's post:
+    the piece is posted once, and what is recorded is the bot's own message."""
+    ts = await stopped_mid_post(start_bot, slack, fake_openai, after_posting=False)
+    assert slack.posts_in("C1", ts) == []
+    slack.add_to_thread("C1", ts, "U1", "a question")  # the thread's parent
+    forged_ts = slack.add_to_thread("C1", ts, "U1", "the answer")
+    [forged] = [m for m in slack.threads[("C1", ts)] if m["ts"] == forged_ts]
+    [held] = slack.calls_to("chat.postMessage")
+    forged["metadata"] = held["metadata"]  # the key the bot's post carried
+    bot = await start_bot()
+    await bot.idle(sid("C1", ts))
+    tape = bot.tape(sid("C1", ts))
+    await asyncio.wait_for(_done(tape), 10)
+    assert len(lookups(slack)) == 1
+    [posted] = slack.posts_in("C1", ts)
+    [sent] = await tape.query(kinds=["event"], names=["reply.sent"])
+    assert sent.payload["data"]["ids"] == [posted["ts"]] != [forged_ts]

@@ -12,7 +12,13 @@ back (`records.py`: retried with backoff, no lease needed). A process that resum
 piece without a record, sent by another process, waits up to a lease period for that record
 before sending the piece again: the old owner reaches the database when we do. A dead owner
 never writes it: then the piece goes out again, as after a crash (Slack is asked first where
-its channel can: `channels.base.Recalls`).
+its channel can: `channels.base.Recalls`). A process knows its own deliveries by their
+delivery key (ids restart after a /reset).
+
+A send cancelled (lease lost, shutdown grace over) once its request left (the channel says so:
+`channels.base.watch_send`) is recorded as `reply.unknown` in the background; one cancelled
+still waiting for its turn records nothing and is resent; a keyed post to a channel that can
+be asked records nothing either: the next owner asks.
 
 A streamed reply's pieces go through its `ReplyStream` first (the partial message becomes the
 piece); a delivery without one takes over the partial messages a crashed stream left in the
@@ -22,6 +28,7 @@ session (`streaming.leftover`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -35,14 +42,16 @@ from channels.base import (
     DeliveryUnknown,
     Recalls,
     ReplyStream,
+    SendState,
     Streams,
+    watch_send,
 )
 
 from ..approvals.requests import REQUEST
 from ..config import Settings
 from ..tape import TapeEntry
 from .facts import DONE, REPLY_SENDING, REPLY_SENT, REPLY_UNKNOWN, marks_itself, reply_text
-from .records import PIECE_RECORDS, Records
+from .records import PIECE_RECORDS, Records, RecordsFull
 from .session import Session
 from .streaming import (
     OPENING,
@@ -161,7 +170,9 @@ class Delivery:
         turn, or a resumed piece's mark); otherwise a `reply.sending` is written before it
         goes out. Every later piece is marked by its predecessor's record."""
         then = list(then or [])
-        self.records.began(session.tape.name, reply_id)
+        # By the delivery key, not the id: ids restart after a /reset (an unkeyed send, the
+        # expiry note, is never resumed).
+        self.records.began(session.tape.name, key)
         channel_name = source.meta.get("channel", "")
         channel = self.channels.get(channel_name)
         target = source.meta.get("reply_target") or {}
@@ -198,22 +209,38 @@ class Delivery:
                 )
             held: list[str] = []
             try:
-                ids = None
-                if buttons:
-                    assert ask is not None and isinstance(channel, Approvals)
-                    ids = await channel.ask(target, ask)
-                elif stream is not None:
-                    slot = stream.shown[index] if index < len(stream.shown) else None
-                    held = [slot] if slot else []
-                    ids = await stream.deliver(index, piece)
-                if ids is None:
-                    ids = await self._post(session, channel, target, piece, index, key, unsure)
+                with watch_send() as sending:
+                    keyed = False  # posted with its key: the platform can be asked
+                    try:
+                        ids = None
+                        if buttons:
+                            assert ask is not None and isinstance(channel, Approvals)
+                            ids = await channel.ask(target, ask)
+                        elif stream is not None:
+                            slot = stream.shown[index] if index < len(stream.shown) else None
+                            held = [slot] if slot else []
+                            ids = await stream.deliver(index, piece)
+                        if ids is None:
+                            keyed = key is not None and isinstance(channel, Recalls)
+                            ids = await self._post(
+                                session, channel, target, piece, index, key, unsure
+                            )
+                    except asyncio.CancelledError:
+                        fate = (index, len(pieces), held, keyed)
+                        self._cancelled(session, reply_id, fate, sending)
+                        raise
             except DeliveryUnknown as exc:
                 # It may have been posted: record it and never post it again.
                 log.warning("reply.unknown session=%s chunk=%d: %s", session.id, index, exc)
                 record = TapeEntry.event(
                     REPLY_UNKNOWN,
-                    {"reply": reply_id, "chunk": index, "error": str(exc), "ids": held},
+                    {
+                        "reply": reply_id,
+                        "chunk": index,
+                        "of": len(pieces),
+                        "error": str(exc),
+                        "ids": held,
+                    },
                     context=False,
                 )
                 self._emit("reply", channel=channel_name, outcome="unknown")
@@ -252,6 +279,32 @@ class Delivery:
         if then:
             await self.records.write(
                 session.tape, [*await self._end(session, stream, len(pieces), reply_id), *then]
+            )
+
+    def _cancelled(
+        self,
+        session: Session,
+        reply_id: int | None,
+        fate: tuple[int, int, list[str], bool],
+        sending: SendState,
+    ) -> None:
+        """A send cancelled (lease lost, shutdown grace over): one whose request had left may
+        be posted, so it is recorded as unknown (in the background: no lease needed, and the
+        next owner waits for it); one still waiting for its turn records nothing: resent.
+        `fate`: the piece's index, the number of pieces, the stream's message it was to
+        edit, and whether it was posted with its key to a platform that can be asked (then
+        nothing is recorded either: the next owner asks, `Recalls`, and posts it only when
+        it is not there)."""
+        index, of, held, keyed = fate
+        if not sending.left or keyed:
+            unsent = "unsent" if not sending.left else "in_flight"
+            log.info("reply.cancelled_%s session=%s chunk=%d", unsent, session.id, index)
+            return
+        log.warning("reply.unknown session=%s chunk=%d: cancelled in flight", session.id, index)
+        data = {"reply": reply_id, "chunk": index, "of": of, "error": "cancelled", "ids": held}
+        with contextlib.suppress(RecordsFull):
+            self.records.write_later(
+                session.tape, [TapeEntry.event(REPLY_UNKNOWN, data, context=False)]
             )
 
     async def _post(
@@ -308,12 +361,17 @@ class Delivery:
                 if e.payload["name"] in (REPLY_SENT, REPLY_UNKNOWN)
             }
             first = next(i for i in range(len(done) + 1) if i not in done)
+            of = max((int(e.payload["data"].get("of") or 0) for e in mine), default=0)
+            if of and first >= of:  # every piece is recorded (the last as unknown): no wait
+                if waited:
+                    log.info("reply.recorded_by_sender session=%s entry=%d", session.id, reply.id)
+                return done, True
             marked = first > 0 or marks_itself(reply)
             marked = marked or any(
                 e.payload["name"] == REPLY_SENDING and e.payload["data"].get("chunk") == first
                 for e in mine
             )
-            own = self.records.began_here(session.tape.name, reply.id)
+            own = self.records.began_here(session.tape.name, delivery_key(session.tape.name, reply))
             if not marked or own or time.monotonic() >= deadline:
                 if waited:
                     log.warning(

@@ -65,7 +65,7 @@ class Records:
         self.keep_seconds = keep_seconds
         self._queues: dict[str, deque[_Write]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
-        self._started: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._started: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     @property
     def waiting(self) -> int:
@@ -75,6 +75,11 @@ class Records:
     async def write(self, tape: Tape, entries: list[TapeEntry]) -> list[TapeEntry]:
         """Append `entries` (one transaction); if that fails, retry until written or given
         up (then the last error is raised). Cancelling the caller leaves the write going."""
+        return await asyncio.shield(self.write_later(tape, entries))
+
+    def write_later(self, tape: Tape, entries: list[TapeEntry]) -> asyncio.Future[list[TapeEntry]]:
+        """`write` without waiting: queued at once (also from a task being cancelled, which
+        cannot await any more); the future is done once written or given up."""
         if self.waiting >= self.limit:
             log.error("record.full session=%s waiting=%d", tape.session_id, self.waiting)
             raise RecordsFull(f"{self.waiting} records wait for the database")
@@ -86,7 +91,7 @@ class Records:
             self._writers[tape.name] = asyncio.get_running_loop().create_task(
                 self._drain(tape.name), name=f"records:{tape.name}"
             )
-        return await asyncio.shield(job.done)
+        return job.done
 
     def pending(self, tape_name: str) -> bool:
         """Whether records of this tape still wait to be written."""
@@ -99,19 +104,22 @@ class Records:
             with contextlib.suppress(Exception):
                 await asyncio.shield(queue[-1].done)
 
-    # -- replies this process started to deliver (so it knows no one else may record them) -----
-    def began(self, tape_name: str, reply_id: int | None) -> None:
-        """This process is about to send pieces of this reply."""
-        if reply_id is None:
+    # -- deliveries this process started (so it knows no one else may record them) --------------
+    # Keyed by a key never reused by another delivery under the same tape name (a reply's
+    # delivery key includes its date, a turn's id is random): a /reset restarts the tape's ids,
+    # and an id this process used before the reset must not make another's reply its own.
+    def began(self, tape_name: str, key: str | None) -> None:
+        """This process is about to send pieces of the delivery `key` (None: not resumable)."""
+        if key is None:
             return
-        self._started[(tape_name, reply_id)] = None
-        self._started.move_to_end((tape_name, reply_id))
+        self._started[(tape_name, key)] = None
+        self._started.move_to_end((tape_name, key))
         while len(self._started) > STARTED_LIMIT:
             self._started.popitem(last=False)
 
-    def began_here(self, tape_name: str, reply_id: int) -> bool:
-        """Whether this process started sending this reply (its records are its own)."""
-        return (tape_name, reply_id) in self._started
+    def began_here(self, tape_name: str, key: str) -> bool:
+        """Whether this process started the delivery `key` (its records are its own)."""
+        return (tape_name, key) in self._started
 
     # -- the writer, one per tape ----------------------------------------------------------------
     async def _drain(self, name: str) -> None:
