@@ -65,3 +65,25 @@ def test_a_new_skill_and_other_settings_are_seen(workspace: Path, tmp_path: Path
     without_skill = [t for t in tools if t.name != "skill"]
     assert "## Skills" not in build_system_prompt(None, workspace, without_skill, cache=cache)
     assert cache.builds == 5
+
+
+def test_agents_md_is_never_read_through_a_symlink_or_a_hard_link(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """A command in the workspace can make AGENTS.md a link to a file outside (a secret the
+    bot can read and the sandbox cannot): the prompt never carries that file's text."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_text("TOP-SECRET-TEXT", encoding="utf-8")
+    agents = workspace / "AGENTS.md"
+    tools, cache = tools_with_skill(workspace), PromptCache()
+
+    agents.symlink_to(secret)
+    assert "TOP-SECRET-TEXT" not in build_system_prompt(None, workspace, tools, cache=cache)
+    agents.unlink()
+    os.link(secret, agents)
+    assert "TOP-SECRET-TEXT" not in build_system_prompt(None, workspace, tools, cache=cache)
+    agents.unlink()
+    agents.write_text("OWN-RULES", encoding="utf-8")  # a plain file is read
+    assert "OWN-RULES" in build_system_prompt(None, workspace, tools, cache=cache)

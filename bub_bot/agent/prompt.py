@@ -9,10 +9,12 @@ an unchanged workspace costs a few stats per call and an edit is seen at the nex
 from __future__ import annotations
 
 import os
+import stat
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..beneath import open_beneath
 from . import skills
 from .tools import Tool
 
@@ -48,7 +50,11 @@ class PromptCache:
         where = str(workspace)
         agents = os.path.join(where, AGENTS_FILE)
         try:
-            info = os.stat(agents)  # followed like the read below follows it
+            # Not followed: a symlink (or a hard link) the model's commands made in its
+            # workspace must not carry a file from outside into the prompt (`_read_agents`).
+            info = os.lstat(agents)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+                raise OSError
             stat_key: tuple[int, ...] | None = (
                 info.st_dev,
                 info.st_ino,
@@ -86,11 +92,7 @@ class PromptCache:
         text = ""
         if agents is not None:
             self.reads += 1
-            try:
-                with open(agents, encoding="utf-8", errors="replace") as file:
-                    text = file.read()[:AGENTS_LIMIT]
-            except OSError:
-                text = ""
+            text = _read_agents(agents)
         if text.strip():
             parts.append(f"## Workspace instructions ({AGENTS_FILE})\n{text.strip()}")
         if tools:
@@ -101,6 +103,26 @@ class PromptCache:
             if listed:
                 parts.append(listed)
         return "\n\n".join(parts)
+
+
+def _read_agents(path: str) -> str:
+    """The text of the workspace's AGENTS.md at `path` (up to AGENTS_LIMIT characters), opened
+    beneath the workspace: never through a symlink, only a regular file with one link; "" when
+    it is not such a file."""
+    where, name = os.path.split(path)
+    try:
+        root = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = open_beneath(root, (name,), os.O_RDONLY | os.O_NONBLOCK)
+        finally:
+            os.close(root)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+            return ""
+        return file.read(AGENTS_LIMIT * 4).decode("utf-8", errors="replace")[:AGENTS_LIMIT]
 
 
 PROMPTS = PromptCache()
