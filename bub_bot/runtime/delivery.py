@@ -50,7 +50,15 @@ from channels.base import (
 from ..approvals.requests import REQUEST
 from ..config import Settings
 from ..tape import TapeEntry
-from .facts import DONE, REPLY_SENDING, REPLY_SENT, REPLY_UNKNOWN, marks_itself, reply_text
+from .facts import (
+    DONE,
+    REPLY_FAILED,
+    REPLY_SENDING,
+    REPLY_SENT,
+    REPLY_UNKNOWN,
+    marks_itself,
+    reply_text,
+)
 from .records import PIECE_RECORDS, Records, RecordsFull
 from .session import Session
 from .streaming import (
@@ -186,7 +194,7 @@ class Delivery:
                 session.tape,
                 [
                     TapeEntry.event(
-                        "reply.failed",
+                        REPLY_FAILED,
                         {"reply": reply_id, "error": f"channel {channel_name!r} not running"},
                         context=False,
                     ),
@@ -250,7 +258,7 @@ class Delivery:
                     session.tape,
                     [
                         TapeEntry.event(
-                            "reply.failed",
+                            REPLY_FAILED,
                             {"reply": reply_id, "chunk": index, "error": str(exc)},
                             context=False,
                         ),

@@ -28,14 +28,12 @@ from typing import Any
 
 from ..tape import Tape, TapeEntry
 from ..tape.entries import utc_now
-from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN
+from .facts import DONE, REPLY_FAILED, REPLY_SENT, REPLY_UNKNOWN, SHOWN
 
 log = logging.getLogger("bub_bot.runtime")
 
-REPLY_FAILED = "reply.failed"
 PIECE_RECORDS = (REPLY_SENT, REPLY_UNKNOWN, REPLY_FAILED)
 """Records that settle one piece of a reply (`reply`, `chunk`)."""
-SHOWN = "stream.shown"
 RETRY_FIRST = 0.05
 RETRY_MAX = 1.0
 """Seconds between attempts: doubling from the first to the last; short at the top, since a

@@ -37,12 +37,11 @@ from channels.base import Channel, ReplyStream, Streams
 from ..agent import Progress
 from ..config import Settings
 from ..tape import Tape, TapeEntry
-from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN
+from .facts import DONE, REPLY_SENT, REPLY_UNKNOWN, SHOWN
 from .records import Records
 
 log = logging.getLogger("bub_bot.runtime")
 
-SHOWN = "stream.shown"
 OPENING = "loop.start"
 """A turn's start (written by the agent before its first model call) says `streams` when the
 turn shows partial text: a takeover waits for the `stream.shown` that may follow (the
