@@ -24,7 +24,7 @@ from .prompt import build_system_prompt
 from .streaming import Progress, ProgressCallback, tell
 from .tool_step import run_tools
 from .tools import Origin, Tool, ToolContext, ToolRegistry, payer_of
-from .turn_writes import FinalAppend, TurnResult, TurnWrites, ms_since, run_record, step_event
+from .turn_writes import TurnResult, TurnWrites, ms_since, run_record, step_event
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Agent:
         max_steps: int | None = None,
         payer: dict[str, Any] | None = None,
         context: list[TapeEntry] | None = None,
-        append_final: FinalAppend | None = None,
+        bootstrapped: bool = False,
     ) -> TurnResult:
         """Run one turn on `tape`.
 
@@ -112,14 +112,13 @@ class Agent:
         turn writes its start at once) the `loop.start` record waits for the first step's
         write (or whatever the turn writes first); `context` is the tape after its last
         anchor as the caller just read it (used for the first step instead of reading it
-        again); `append_final(entries, usage)` writes the turn's last entries (the answer or
-        notice) in place of a plain append, so the caller can add its own
-        records to that transaction.
+        again); `bootstrapped`: the tape has its anchor already (the runtime's ingress wrote it),
+        so no write looks for one.
         """
         workspace = workspace or self.settings.workspace
         selector = selector or self.selector
         started_turn = time.perf_counter()
-        writes = TurnWrites(tape, append_final)
+        writes = TurnWrites(tape, bootstrapped)
         turn_start = await writes.begin(
             new_messages, turn_id, payer, progress is not None, turn_start
         )

@@ -6,7 +6,7 @@ decides what to write; this module only knows how and in which transaction."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +14,6 @@ from ..tape import Counting, Tape, TapeEntry
 from .model import ModelReply
 
 Notify = Callable[[str, dict[str, Any]], None]
-FinalAppend = Callable[[list[TapeEntry], Counting | None], Awaitable[list[TapeEntry]]]
-"""Writes the entries that end a turn (the answer or notice with its records) in one
-transaction and returns them with their ids; the caller may add its own entries to it."""
 
 
 @dataclass
@@ -41,11 +38,12 @@ class TurnResult:
 
 
 class TurnWrites:
-    """One turn's appends to `tape`; `append_final` (if given) writes the turn's last ones."""
+    """One turn's appends to `tape`. `bootstrapped`: the tape has its anchor already (the
+    runtime's ingress writes it with the first message), so no write looks for one."""
 
-    def __init__(self, tape: Tape, append_final: FinalAppend | None = None) -> None:
+    def __init__(self, tape: Tape, bootstrapped: bool = False) -> None:
         self.tape = tape
-        self.append_final = append_final
+        self.bootstrap = not bootstrapped
         self.opening: list[TapeEntry] = []
         """The turn's start while it is not written: it goes first in the turn's first
         write, with the bootstrap anchor if the tape has none."""
@@ -72,7 +70,7 @@ class TurnWrites:
             # A streamed turn's start is the mark that partial text may show: it must be on
             # the tape before the first partial (runtime/streaming.py, `await_partial`).
             # The bootstrap anchor (if the tape has none) goes first, in the same transaction.
-            written = await self.tape.append_many(first, bootstrap=True)
+            written = await self.tape.append_many(first, bootstrap=self.bootstrap)
             return written[0].id - 1 if turn_start is None else turn_start
         # Nothing to put on the tape before the first model call: fewer trips to the store.
         self.opening = first
@@ -83,17 +81,10 @@ class TurnWrites:
     ) -> list[TapeEntry]:
         """Append a step's entries after whatever of the turn's start is not written."""
         head, self.opening = self.opening, []
-        written = await self.tape.append_many([*head, *entries], bootstrap=bool(head), usage=usage)
+        written = await self.tape.append_many(
+            [*head, *entries], bootstrap=self.bootstrap and bool(head), usage=usage
+        )
         return written[len(head) :]
-
-    async def write_final(
-        self, entries: list[TapeEntry], usage: Counting | None
-    ) -> list[TapeEntry]:
-        """Append the turn's last entries (through `append_final` when given)."""
-        if self.append_final is None:
-            return await self.write(entries, usage)
-        head, self.opening = self.opening, []
-        return (await self.append_final([*head, *entries], usage))[len(head) :]
 
     async def flush(self) -> None:
         """Write the turn's start before records written by others (tools, handoffs)."""
@@ -118,7 +109,7 @@ class TurnWrites:
             turn=turn_id,
             seen_through=seen_through,
         )
-        written = await self.write_final(
+        written = await self.write(
             [final, run_event, step_event(step, "ok", step_started)], counting
         )
         return written[0]
@@ -146,7 +137,7 @@ class TurnWrites:
                 context=False,
             )
         )
-        written = await self.write_final(entries, None)
+        written = await self.write(entries, None)
         notify("turn", {"status": status})
         return TurnResult(
             status, message, written[-1].id, seen_through, step, auto_handoff, usage, written[-1]

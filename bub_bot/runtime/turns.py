@@ -16,7 +16,7 @@ from ..agent import Agent, Origin, Progress
 from ..approvals.requests import OpenRequest, is_decision, open_requests, settled_text
 from ..config import Settings
 from ..files.transcribe import Transcriber
-from ..tape import Counting, TapeEntry, TapeStore
+from ..tape import TapeEntry, TapeStore
 from .attachments import Attachments
 from .delivery import Delivery
 from .facts import REPLY_SENT, covered, head_through, is_barrier, is_pending
@@ -278,7 +278,7 @@ class TurnRunner:
                 progress=progress,
                 origin=origin,
                 context=context,
-                append_final=lambda entries, usage: self._append_final(session, entries, usage),
+                bootstrapped=True,  # ingress wrote the anchor with the session's first message
             )
         except Exception as exc:
             log.exception("turn.failed session=%s turn=%s", session.id, turn_id)
@@ -308,14 +308,6 @@ class TurnRunner:
         # Messages that arrived while the last model call was in flight are older than the
         # reply but were never seen: they start the next turn.
         return reply, max(result.seen_through, head.id)
-
-    async def _append_final(
-        self, session: Session, entries: list[TapeEntry], usage: Counting | None
-    ) -> list[TapeEntry]:
-        """The turn's last write, one transaction: its answer (or notice) with the step's
-        records (and the `loop.start` of a one-step turn). Records that must be on the tape
-        with the answer, before it is delivered, belong in this append."""
-        return await session.tape.append_many(entries, usage=usage)
 
     async def _carry_into_phase(
         self, session: Session, messages: list[TapeEntry], items: list[TapeEntry]
