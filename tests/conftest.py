@@ -15,6 +15,7 @@ from bub_bot.config import Settings, load_settings
 from bub_bot.tape import SQLiteTapeStore, Tape, TapeStore, open_store
 from tests.fakes.openai_server import FakeOpenAI
 from tests.pg import PostgresCluster
+from tests.tcp_proxy import TcpProxy
 
 SESSION = "test:session"
 
@@ -53,6 +54,14 @@ def pg_url(pg_cluster: PostgresCluster) -> str:
     """The URL of a fresh, empty PostgreSQL database for this test (its own schema in a shared
     test database: as isolated, 30 times faster to make)."""
     return pg_cluster.fresh_url()
+
+
+@pytest.fixture
+def pg_proxy(pg_cluster: PostgresCluster) -> Iterator[TcpProxy]:
+    """A TCP proxy to the test PostgreSQL server that the test can cut and restore (route a
+    database URL through it with `pg_proxy.route(url)`)."""
+    with TcpProxy("127.0.0.1", pg_cluster.port) as made:
+        yield made
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -23,6 +23,7 @@ import selectors
 import socket
 import struct
 import threading
+from urllib.parse import urlsplit, urlunsplit
 
 _CHUNK = 65536
 # SO_LINGER on, 0 s: close() sends a RST instead of a FIN.
@@ -55,10 +56,11 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
         self._thread.start()
 
-    @property
-    def dsn_host_port(self) -> str:
-        """``host:port`` of the proxy, for building a DSN."""
-        return f"127.0.0.1:{self.port}"
+    def route(self, url: str) -> str:
+        """The database `url` with its host and port replaced by the proxy's."""
+        parts = urlsplit(url)
+        auth = parts.netloc.rsplit("@", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{self.port}"))
 
     def cut(self, *, reset: bool = False) -> None:
         """Cut the path: black-hole (default) or reset every connection."""

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -24,7 +23,6 @@ from channels.pacing import Pacer
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel, until
 from tests.tcp_proxy import TcpProxy
-from tests.test_lease_outage import through
 
 
 class PacedChannel(RuntimeChannel):
@@ -50,21 +48,14 @@ class LostAnswerChannel(RuntimeChannel):
 
 
 @pytest.fixture
-async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(pg_url)
-    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as made:
-        yield made
-
-
-@pytest.fixture
 async def replica(
-    pg_url: str, settings: Callable[..., Any], proxy: TcpProxy
+    pg_url: str, settings: Callable[..., Any], pg_proxy: TcpProxy
 ) -> AsyncIterator[Callable[..., Any]]:
     made: list[tuple[Runtime, TapeStore, Agent]] = []
 
     async def make(owner: str, channel: RuntimeChannel, *, proxied: bool = False) -> Runtime:
         conf = settings(lease_seconds=1.5)
-        store = await open_store(through(pg_url, proxy) if proxied else pg_url)
+        store = await open_store(pg_proxy.route(pg_url) if proxied else pg_url)
         agent = Agent(conf, ModelClient(conf), default_registry())
         runtime = Runtime(conf, store, agent, {channel.name: channel}, store.leases(owner, 1.5))
         channel.runtime = runtime
@@ -73,7 +64,7 @@ async def replica(
         return runtime
 
     yield make
-    proxy.restore()
+    pg_proxy.restore()
     for runtime, store, agent in made:
         await runtime.shutdown(grace=2)
         await agent.model.close()
@@ -81,7 +72,7 @@ async def replica(
 
 
 async def test_a_send_cancelled_in_flight_by_lease_loss_is_not_sent_again(
-    replica, proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+    replica, pg_proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
     ch1, ch2 = LostAnswerChannel(), RuntimeChannel()
@@ -89,12 +80,12 @@ async def test_a_send_cancelled_in_flight_by_lease_loss_is_not_sent_again(
     await replica("two", ch2)
     await ch1.say("question", key="k1")
     await ch1.wait_sent("a", 1, timeout=15)  # the platform shows it; A waits for the answer
-    proxy.cut()  # A cannot renew: its work (the send in flight) is cancelled
+    pg_proxy.cut()  # A cannot renew: its work (the send in flight) is cancelled
     await until(lambda: "lease.lost" in caplog.text, timeout=10)
     # B takes over and waits a lease period for A's record; A is back in time (as after a
     # PostgreSQL restart) and could say the piece's fate is unknown: it says nothing.
     await until(lambda: "reply.waiting" in caplog.text, timeout=10)
-    proxy.restore()
+    pg_proxy.restore()
     await until(lambda: "reply.resend" in caplog.text or "reply.recorded" in caplog.text, 10)
     await until(lambda: not ch2.attempts or bool(ch2.texts("a")), timeout=5)
     await asyncio.sleep(0.5)
@@ -103,7 +94,7 @@ async def test_a_send_cancelled_in_flight_by_lease_loss_is_not_sent_again(
 
 
 async def test_a_send_cancelled_in_the_pacer_queue_is_sent_by_the_next_owner(
-    replica, proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+    replica, pg_proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
     ch1, ch2 = PacedChannel(), RuntimeChannel()
@@ -111,10 +102,10 @@ async def test_a_send_cancelled_in_the_pacer_queue_is_sent_by_the_next_owner(
     await replica("two", ch2)
     await ch1.say("question", key="k1")
     await until(lambda: ch1.pacer.waiting == 1, timeout=15)  # the answer waits for its turn
-    proxy.cut()  # A cannot renew: its send, still queued, is cancelled
+    pg_proxy.cut()  # A cannot renew: its send, still queued, is cancelled
     await until(lambda: "reply.cancelled_unsent" in caplog.text, timeout=10)
     assert ch1.pacer.waiting == 0  # it left the queue
-    proxy.restore()  # A is back: it has nothing to record
+    pg_proxy.restore()  # A is back: it has nothing to record
     await ch2.wait_sent("a", 1, timeout=15)  # B waited for a record, none came: B sends it
     await asyncio.sleep(0.5)
     assert ch1.texts("a") == []

@@ -30,8 +30,7 @@ async def stores(
 ) -> AsyncIterator[tuple[TapeStore, TapeStore, TcpProxy]]:
     url = pg_cluster.fresh_url()
     with TcpProxy("127.0.0.1", pg_cluster.port) as proxy:
-        through = url.replace(f"127.0.0.1:{pg_cluster.port}", proxy.dsn_host_port)
-        async with open_store(through) as cut, open_store(url) as direct:
+        async with open_store(proxy.route(url)) as cut, open_store(url) as direct:
             yield cut, direct, proxy
 
 

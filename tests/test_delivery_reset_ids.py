@@ -20,9 +20,9 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI
 from tests.runtime_channel import RuntimeChannel, until
 from tests.tcp_proxy import TcpProxy
-from tests.test_delivery_cancelled_send import proxy, replica
+from tests.test_delivery_cancelled_send import replica
 
-__all__ = ["proxy", "replica"]  # fixtures
+__all__ = ["replica"]  # fixtures
 
 
 class CutAfterPost(RuntimeChannel):
@@ -42,10 +42,10 @@ class CutAfterPost(RuntimeChannel):
 
 
 async def test_a_reply_id_reused_after_reset_is_not_taken_for_ones_own(
-    replica, proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+    replica, pg_proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
-    ch1, ch2 = CutAfterPost(proxy), RuntimeChannel()
+    ch1, ch2 = CutAfterPost(pg_proxy), RuntimeChannel()
     a = await replica("one", ch1, proxied=True)
     b = await replica("two", ch2)
     await ch2.say("/reset", key="r1")
@@ -58,7 +58,7 @@ async def test_a_reply_id_reused_after_reset_is_not_taken_for_ones_own(
     await ch1.say("question", key="k2")
     await ch1.wait_sent("a", 1, timeout=15)
     await until(lambda: "lease.takeover" in caplog.text, timeout=10)  # B took it over
-    proxy.restore()  # A is back in time to record what it sent
+    pg_proxy.restore()  # A is back in time to record what it sent
     await until(lambda: not a.delivery.records.waiting, timeout=10)
     await until(lambda: not b.sessions, timeout=10)
     await asyncio.sleep(0.5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,20 +35,13 @@ ANSWER = "The whole answer, which the replica that took over wrote."
 [FINAL] = format_and_split(ANSWER)
 
 
-@pytest.fixture
-async def proxy(pg_cluster: PostgresCluster) -> AsyncIterator[TcpProxy]:
-    with TcpProxy("127.0.0.1", pg_cluster.port) as made:
-        yield made
-
-
 async def two_bots(
-    start_bot: StartBot, pg_cluster: PostgresCluster, proxy: TcpProxy, **settings: Any
+    start_bot: StartBot, pg_cluster: PostgresCluster, pg_proxy: TcpProxy, **settings: Any
 ) -> tuple[Harness, Harness]:
-    """Bot A on the database through `proxy`, bot B directly; the same Slack workspace."""
+    """Bot A on the database through `pg_proxy`, bot B directly; the same Slack workspace."""
     url = pg_cluster.fresh_url()
-    through = url.replace(f"127.0.0.1:{pg_cluster.port}", proxy.dsn_host_port)
     common = {"lease_seconds": LEASE, "shutdown_grace_seconds": 0.5, **settings}
-    a = await start_bot(database_url=through, **common)
+    a = await start_bot(database_url=pg_proxy.route(url), **common)
     b = await start_bot(database_url=url, **common)
     return a, b
 
@@ -71,17 +63,17 @@ def hold_first_post(slack: FakeSlack) -> tuple[asyncio.Event, asyncio.Event]:
 
 
 async def cut_after_the_post(
-    a: Harness, b: Harness, slack: FakeSlack, proxy: TcpProxy, session: str
+    a: Harness, b: Harness, slack: FakeSlack, pg_proxy: TcpProxy, session: str
 ) -> None:
     """A's database goes away once Slack took A's post, before A hears back; it comes back
     once B took the session over (A's lease lapsed meanwhile)."""
     reached, release = hold_first_post(slack)
     await asyncio.wait_for(reached.wait(), 15)
-    proxy.cut(reset=True)
+    pg_proxy.cut(reset=True)
     release.set()
     key = LeaseKey(b.tape(session).name, session)
     await until(lambda: b.bot.runtime.lease_keeper.holds(key), timeout=LEASE * 4)
-    proxy.restore()
+    pg_proxy.restore()
 
 
 async def test_takeover_waits_for_the_record_of_a_posted_piece(
@@ -89,16 +81,16 @@ async def test_takeover_waits_for_the_record_of_a_posted_piece(
     slack: FakeSlack,
     fake_openai: FakeOpenAI,
     pg_cluster: PostgresCluster,
-    proxy: TcpProxy,
+    pg_proxy: TcpProxy,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
-    a, b = await two_bots(start_bot, pg_cluster, proxy, stream=False)
+    a, b = await two_bots(start_bot, pg_cluster, pg_proxy, stream=False)
     fake_openai.script(text(ANSWER))
     ts = slack.next_ts()
     session = sid("C1", ts)
     await a.post(app_mention("C1", "U1", "a question", ts))
-    await cut_after_the_post(a, b, slack, proxy, session)
+    await cut_after_the_post(a, b, slack, pg_proxy, session)
     await b.idle(session)
     done = await b.tape(session).query(kinds=["event"], names=["inbound.done"])
     assert len(done) == 1
@@ -113,18 +105,18 @@ async def test_takeover_edits_the_partial_the_cut_replica_showed(
     slack: FakeSlack,
     fake_openai: FakeOpenAI,
     pg_cluster: PostgresCluster,
-    proxy: TcpProxy,
+    pg_proxy: TcpProxy,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
     slack.streaming_enabled = False  # partials are posted, then edited
-    a, b = await two_bots(start_bot, pg_cluster, proxy, stream_interval_ms=100)
+    a, b = await two_bots(start_bot, pg_cluster, pg_proxy, stream_interval_ms=100)
     # A's model shows a little and then stalls; B's answers at once.
     fake_openai.script(endless(every=60, limit=120), text(ANSWER))
     ts = slack.next_ts()
     session = sid("C1", ts)
     await a.post(app_mention("C1", "U1", "a question", ts))
-    await cut_after_the_post(a, b, slack, proxy, session)
+    await cut_after_the_post(a, b, slack, pg_proxy, session)
     await until(lambda: len(fake_openai.completion_requests()) == 2, timeout=LEASE * 3)
     await b.idle(session)
     # One message in the thread: A's partial, edited into B's answer.
@@ -139,28 +131,28 @@ async def test_a_sender_that_never_comes_back_is_waited_for_once_then_slack_is_a
     slack: FakeSlack,
     fake_openai: FakeOpenAI,
     pg_cluster: PostgresCluster,
-    proxy: TcpProxy,
+    pg_proxy: TcpProxy,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A stays cut: B waits a lease period for A's record, then delivers the piece itself,
     asking Slack first: the post is in the thread, so it is recorded, not posted again.
     When A's connection comes back at last, its late record adds nothing."""
     caplog.set_level(logging.INFO, logger="bub_bot.runtime")
-    a, b = await two_bots(start_bot, pg_cluster, proxy, stream=False)
+    a, b = await two_bots(start_bot, pg_cluster, pg_proxy, stream=False)
     fake_openai.script(text(ANSWER))
     ts = slack.next_ts()
     session = sid("C1", ts)
     await a.post(app_mention("C1", "U1", "a question", ts))
     reached, release = hold_first_post(slack)
     await asyncio.wait_for(reached.wait(), 15)
-    proxy.cut(reset=True)
+    pg_proxy.cut(reset=True)
     release.set()
     tape = b.tape(session)
     await until(lambda: "reply.recalled" in caplog.text, timeout=LEASE * 5)
     await b.idle(session)
     assert "reply.resend" in caplog.text
     assert slack.visible("C1", ts) == [FINAL] and len(slack.posts_in("C1", ts)) == 1
-    proxy.restore()
+    pg_proxy.restore()
     await until(lambda: not a.bot.runtime.delivery.records.waiting, timeout=10)
     sent = await tape.query(kinds=["event"], names=["reply.sent"])
     done = await tape.query(kinds=["event"], names=["inbound.done"])

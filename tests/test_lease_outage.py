@@ -10,7 +10,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -22,33 +21,19 @@ from tests.runtime_channel import RuntimeChannel, until
 from tests.tcp_proxy import TcpProxy
 
 
-def through(url: str, proxy: TcpProxy) -> str:
-    """`url` with its host and port replaced by the proxy's."""
-    parts = urlsplit(url)
-    auth = parts.netloc.rsplit("@", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{proxy.port}"))
-
-
-@pytest.fixture
-async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(pg_url)
-    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as made:
-        yield made
-
-
 @pytest.fixture
 async def replicas(
-    pg_url: str, settings: Callable[..., Any], proxy: TcpProxy
+    pg_url: str, settings: Callable[..., Any], pg_proxy: TcpProxy
 ) -> AsyncIterator[Callable[..., Any]]:
     """`replica(owner, lease_seconds, proxied=False)`: a Runtime with its own store (through
-    the proxy when `proxied`), leases and test channel; all on one database."""
+    the pg_proxy when `proxied`), leases and test channel; all on one database."""
     made: list[tuple[Runtime, TapeStore, Agent]] = []
 
     async def make(
         owner: str, lease_seconds: float, *, proxied: bool = False
     ) -> tuple[Runtime, RuntimeChannel]:
         conf = settings(lease_seconds=lease_seconds)
-        store = await open_store(through(pg_url, proxy) if proxied else pg_url)
+        store = await open_store(pg_proxy.route(pg_url) if proxied else pg_url)
         agent = Agent(conf, ModelClient(conf), default_registry())
         channel = RuntimeChannel()
         runtime = Runtime(
@@ -60,7 +45,7 @@ async def replicas(
         return runtime, channel
 
     yield make
-    proxy.restore()  # the cut replica's store must be able to close
+    pg_proxy.restore()  # the cut replica's store must be able to close
     for runtime, store, agent in made:
         await runtime.shutdown(grace=2)
         await agent.model.close()
@@ -78,7 +63,7 @@ def record(runtime: Runtime, name: str, order: list[str]) -> None:
 
 
 async def test_a_turn_on_a_replica_cut_from_the_database_stops_before_its_lease_lapses(
-    replicas, proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+    replicas, pg_proxy: TcpProxy, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="bub_bot.runtime")
     (one, ch1), (two, ch2) = await replicas("one", 1.5, proxied=True), await replicas("two", 1.5)
@@ -89,7 +74,7 @@ async def test_a_turn_on_a_replica_cut_from_the_database_stops_before_its_lease_
     await ch1.say("question", key="k1")
     await until(lambda: len(fake_openai.completion_requests()) == 1)
     # Black-holed: every query of replica one hangs (a real network cut, not a refusal).
-    proxy.cut()
+    pg_proxy.cut()
     await ch2.wait_sent("a", 1, timeout=15)
     assert ch2.texts("a") == ["echo: question"]
     # Replica one had given up before replica two could take the session over.
@@ -99,14 +84,14 @@ async def test_a_turn_on_a_replica_cut_from_the_database_stops_before_its_lease_
     assert ch1.texts("a") == []
     assert "lease.lost session=test:a reason=not_renewed_in_time" in caplog.text
     # Back on the network: nothing more is said, the lease stays where it is.
-    proxy.restore()
+    pg_proxy.restore()
     await asyncio.sleep(1.0)
     assert ch1.texts("a") == [] and ch2.texts("a") == ["echo: question"]
     assert len(fake_openai.completion_requests()) == 2
 
 
 async def test_a_leader_whose_renewals_fail_stops_leading_before_its_lease_lapses(
-    replicas, proxy: TcpProxy
+    replicas, pg_proxy: TcpProxy
 ) -> None:
     (one, _), (two, _) = await replicas("one", 1.5, proxied=True), await replicas("two", 1.5)
     order: list[str] = []
@@ -116,14 +101,14 @@ async def test_a_leader_whose_renewals_fail_stops_leading_before_its_lease_lapse
     await asyncio.wait_for(first.__aenter__(), 5)
     standby = asyncio.ensure_future(second.__aenter__())
     # Reset: every renewal of replica one fails at once (it used to count as renewed).
-    proxy.cut(reset=True)
+    pg_proxy.cut(reset=True)
     await asyncio.wait_for(first.lost.wait(), 5)
     assert not first.leading
     await asyncio.wait_for(standby, 10)
     assert second.leading
     assert order.index("one:lost") < order.index("two:acquired")
     standby = asyncio.ensure_future(first.__aenter__())
-    proxy.restore()
+    pg_proxy.restore()
     await asyncio.sleep(1.0)
     assert not standby.done()  # the other replica leads now; this one stands by
     standby.cancel()

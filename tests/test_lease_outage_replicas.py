@@ -15,7 +15,6 @@ from channels.telegram_format import html_to_text, markdown_to_html
 from tests.fakes.openai_server import FakeOpenAI, streamed, text
 from tests.fakes.telegram_api import FakeTelegram
 from tests.tcp_proxy import TcpProxy
-from tests.test_lease_outage import through
 from tests.test_replicas import replicas, tg, wait_until
 
 __all__ = ["replicas", "tg"]  # fixtures
@@ -41,7 +40,7 @@ async def test_a_replica_cut_from_the_database_mid_stream_stops_and_one_answer_s
     parts = urlsplit(database)
     with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
         # Long polling: A starts first and leads the poller, so A also runs the turn.
-        a = await replicas(**streaming, BUB_DATABASE_URL=through(database, proxy)).start()
+        a = await replicas(**streaming, BUB_DATABASE_URL=proxy.route(database)).start()
         await wait_until(lambda: bool(tg.calls_of("getUpdates")))
         await b.start()
         assert await a.metric(POLLER) == 1 and await b.metric(POLLER) == 0
