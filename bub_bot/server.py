@@ -319,7 +319,7 @@ async def early_poll(settings: Settings) -> Any:
         return None
     from channels.telegram_early import FirstPoll
 
-    return await FirstPoll.begin(settings.telegram_token, settings.telegram_api_base, 30)
+    return await FirstPoll.begin(settings.telegram_token, settings.telegram_api_base)
 
 
 async def serve(settings: Settings) -> int:

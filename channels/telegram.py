@@ -48,7 +48,7 @@ from bub_bot.config import ConfigError, Settings
 from .base import DeliveryError, RuntimeLike
 from .telegram_approvals import TelegramApprovals
 from .telegram_content import MessageReader
-from .telegram_early import FirstPoll
+from .telegram_early import POLL_TIMEOUT, FirstPoll
 from .telegram_files import TelegramFiles
 from .telegram_inbound import TelegramInbound
 from .telegram_outbox import TelegramOutbox
@@ -71,7 +71,7 @@ class TelegramChannel:
         self,
         settings: Settings,
         *,
-        poll_timeout: int = 30,
+        poll_timeout: int = POLL_TIMEOUT,
         retry_base: float = 1.0,
         typing_interval: float = 4.0,
         first_poll: FirstPoll | None = None,

@@ -29,6 +29,8 @@ log = logging.getLogger("channels.telegram")
 
 ALLOWED_UPDATES = ["message", "callback_query"]
 """The updates the bot asks for (polling and webhook alike)."""
+POLL_TIMEOUT = 30
+"""Seconds a long poll waits for updates (the early poll and the channel's alike)."""
 
 
 @dataclass
@@ -42,7 +44,9 @@ class FirstPoll:
     session: aiohttp.ClientSession
 
     @classmethod
-    async def begin(cls, token: str, api_base: str | None, poll_timeout: int) -> FirstPoll | None:
+    async def begin(
+        cls, token: str, api_base: str | None, poll_timeout: int = POLL_TIMEOUT
+    ) -> FirstPoll | None:
         """getMe, deleteWebhook, then the first getUpdates (not awaited); None when any
         step fails (the channel's own start then says why)."""
         base = (api_base or "https://api.telegram.org").rstrip("/")
